@@ -1,0 +1,32 @@
+# h3batch — every target sets itself up; `make demo` and `make test` work on a fresh machine.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: setup demo serve test test-fast bench clean
+
+setup: $(STAMP)
+
+# Re-runs only when the dependency list changes. torch==2.13.0 resolves to the CPU wheel on this disk.
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (h3batch needs Python 3.11)"; exit 2; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/h3batch demo
+
+serve: setup
+	$(VENV)/bin/h3batch serve
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) bench/api_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache out build *.egg-info
