@@ -1,0 +1,56 @@
+"""Shared fixtures: a private real redis-server per test session, and tiny-size helpers.
+
+Each room keeps its own fixtures in `tests/<room>/conftest.py`; only what several rooms need lives here.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_redis(tmp_dir: Path, port: int | None = None, *, appendonly: bool = False) -> tuple[subprocess.Popen, str]:
+    """Start a real redis-server on a free loopback port; returns (process, url). Caller terminates it."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.fail("redis-server is not installed (Debian package: redis-server); the tests need a real Redis")
+    port = port or free_port()
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_dir), "--save", "",
+            "--appendonly", "yes" if appendonly else "no", "--daemonize", "no", "--loglevel", "warning"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return proc, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"redis-server did not answer on port {port} within 10 s")
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory) -> str:
+    """URL of a private redis-server for this test session (never the machine's shared one)."""
+    proc, url = start_redis(tmp_path_factory.mktemp("redis"))
+    os.environ.setdefault("H3BATCH_TEST_REDIS_URL", url)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
