@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("worker.serve", "keep API + worker running locally"),
     "duplex": ("loadrunner.duplex", "full-duplex speech load driver"),
     "duplex-server": ("loadrunner.server", "reference full-duplex speech server"),
+    "sweep-worker": ("loadrunner.sweep_worker", "run a Celery worker for the `loadrunner` sweep queue (no torch)"),
+    "beat": ("loadrunner.beat", "run the single Celery beat scheduler for sweeps"),
 }
 
 
