@@ -1,0 +1,65 @@
+"""h3batch job API: Flask app factory (flaskr shape). Never imports torch; nothing touches Redis at import time."""
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+from typing import Any
+
+from flask import Flask, g, request
+
+from worker.settings import Settings
+
+log = logging.getLogger("h3batch.api")
+
+_REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def create_app(config: dict[str, Any] | None = None) -> Flask:
+    """Build the API: defaults from H3BATCH_* env vars, overlaid by `config` (tests), then the blueprints."""
+    app = Flask(__name__)
+    settings = Settings.from_env()
+    app.config.from_mapping(
+        REDIS_URL=settings.redis_url,
+        ARTIFACTS_DIR=str(settings.artifacts_dir),
+        API_KEYS=list(settings.api_keys),
+        MAX_QUEUED=settings.max_queued,
+        MAX_PROMPT_CHARS=settings.max_prompt_chars,
+        MAX_RUN_S=settings.max_run_s,
+        RESULT_TTL_S=settings.result_ttl_s,
+    )
+    from worker import defaults  # noqa: PLC0415
+
+    app.config["MAX_CONTENT_LENGTH"] = defaults.MAX_BODY_BYTES
+    if config:
+        app.config.update(config)
+    app.json.sort_keys = False  # type: ignore[attr-defined]  # keep fields in model order
+
+    from api import auth, errors, health, jobs, openapi, sweeps  # noqa: PLC0415
+
+    app.before_request(_start_request)
+    errors.register_error_handlers(app)
+    auth.init_auth(app)
+    app.after_request(_finish_request)
+    app.register_blueprint(health.bp)
+    app.register_blueprint(jobs.bp)
+    app.register_blueprint(openapi.bp)
+    app.register_blueprint(sweeps.bp)
+    return app
+
+
+def _start_request() -> None:
+    g.started = time.perf_counter()
+    incoming = request.headers.get("X-Request-ID", "")
+    g.request_id = incoming if _REQUEST_ID_OK.match(incoming) else "req_" + secrets.token_hex(8)
+
+
+def _finish_request(response):
+    response.headers["X-Request-ID"] = g.get("request_id", "")
+    elapsed_ms = (time.perf_counter() - g.get("started", time.perf_counter())) * 1000
+    level = logging.DEBUG if request.method in ("GET", "HEAD") and response.status_code < 400 else logging.INFO
+    log.log(level, "request method=%s path=%s status=%d ms=%.1f", request.method, request.path,
+            response.status_code, elapsed_ms,
+            extra={"request_id": g.get("request_id"), "job_id": g.get("job_id"), "owner": g.get("owner")})
+    return response

@@ -1,0 +1,82 @@
+"""One error shape for every non-2xx answer: `{"error": {"code", "message", "retryable", "request_id"}}`.
+
+Views raise `ApiError`; werkzeug's own HTTP errors (404 for an unknown route, 405, 413 from `MAX_CONTENT_LENGTH`)
+and anything unexpected are turned into the same JSON shape here, so a client never sees HTML or a traceback.
+"""
+from __future__ import annotations
+
+import logging
+import re
+
+import redis.exceptions
+from flask import Flask, g, jsonify
+from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger("h3batch.api")
+
+
+class ApiError(Exception):
+    """An HTTP error with a stable machine-readable `code`; `headers` are added to the response (e.g. Retry-After)."""
+
+    def __init__(self, status: int, code: str, message: str, retryable: bool = False,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+        self.headers = dict(headers or {})
+
+
+def error_response(status: int, code: str, message: str, retryable: bool = False,
+                   headers: dict[str, str] | None = None):
+    """A Flask response carrying the error envelope."""
+    body = {"error": {"code": code, "message": message, "retryable": retryable,
+                      "request_id": g.get("request_id")}}
+    response = jsonify(body)
+    response.status_code = status
+    for name, value in (headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+def _code_for(exc: HTTPException) -> str:
+    """werkzeug's class name as snake case: NotFound -> not_found, RequestEntityTooLarge -> request_entity_too_large."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
+
+
+# Statuses a client may usefully retry unchanged.
+_RETRYABLE_STATUSES = frozenset({408, 429, 502, 503, 504})
+
+
+def register_error_handlers(app: Flask) -> None:
+    """Map ApiError, werkzeug HTTP errors and uncaught exceptions to the JSON envelope."""
+
+    @app.errorhandler(ApiError)
+    def _api_error(exc: ApiError):
+        return error_response(exc.status, exc.code, exc.message, exc.retryable, exc.headers)
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException):
+        status = exc.code or 500
+        # Keep werkzeug's protocol headers (Allow on 405, Content-Range on 416), not its HTML content type.
+        headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
+        code = "request_too_large" if status == 413 else _code_for(exc)
+        message = exc.description or exc.name
+        return error_response(status, code, message, status in _RETRYABLE_STATUSES, headers)
+
+    @app.errorhandler(redis.exceptions.ConnectionError)
+    @app.errorhandler(redis.exceptions.TimeoutError)
+    @app.errorhandler(redis.exceptions.OutOfMemoryError)
+    def _storage_down(exc: Exception):
+        # Redis down or full (noeviction): the job store cannot take the request; a retry later may succeed.
+        log.error("redis unavailable request_id=%s error=%s", g.get("request_id"), type(exc).__name__)
+        return error_response(503, "storage_unavailable", "the job store (Redis) is unavailable; retry later", True,
+                              {"Retry-After": "5"})
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception):
+        # Log the traceback server-side with the request id; the client gets a bare code.
+        log.exception("unhandled error request_id=%s", g.get("request_id"))
+        return error_response(500, "internal_error", "internal server error; see the server log for this request_id",
+                              True)

@@ -1,0 +1,58 @@
+"""Liveness and readiness: /healthz (this process answers) and /readyz (Redis answers and a GPU worker is alive)."""
+from __future__ import annotations
+
+import json
+import time
+
+import redis
+from flask import Blueprint, jsonify
+
+from api.redis_client import get_redis
+from worker import defaults, keys
+
+bp = Blueprint("health", __name__)
+
+LIVE_WORKER_STATES = ("READY", "BUSY")
+
+
+@bp.get("/healthz")
+def healthz():
+    """200 while the process serves requests."""
+    return jsonify({"status": "ok"})
+
+
+def live_workers(r: redis.Redis) -> list[dict]:
+    """Heartbeats younger than HEARTBEAT_TTL_S in a live state (keys expire on their own; the age check is a guard)."""
+    now = time.time()
+    workers = []
+    for key in r.scan_iter(match=keys.WORKER_PATTERN, count=100):
+        raw = r.get(key)
+        if not raw:
+            continue
+        beat = json.loads(raw)
+        if beat.get("state") in LIVE_WORKER_STATES and now - float(beat.get("ts", 0)) < defaults.HEARTBEAT_TTL_S:
+            workers.append(beat)
+    return workers
+
+
+@bp.get("/readyz")
+def readyz():
+    """200 when Redis answers and >= 1 worker heartbeat is fresh; else 503 with per-check detail."""
+    checks: dict[str, dict] = {}
+    try:
+        get_redis().ping()
+        checks["redis"] = {"ok": True}
+        workers = live_workers(get_redis())
+        checks["workers"] = {"ok": bool(workers), "count": len(workers),
+                             "releases": sorted({w.get("release_id", "") for w in workers})}
+    except redis.exceptions.RedisError as exc:
+        checks["redis"] = {"ok": False, "detail": type(exc).__name__}
+        checks["workers"] = {"ok": False, "count": 0, "detail": "unknown while Redis is unreachable"}
+    ready = all(c["ok"] for c in checks.values())
+    body = {"status": "ready" if ready else "not_ready", "checks": checks}
+    if not ready:
+        failing = ", ".join(name for name, c in checks.items() if not c["ok"])
+        body["error"] = {"code": "not_ready", "message": f"failing checks: {failing}", "retryable": True}
+    response = jsonify(body)
+    response.status_code = 200 if ready else 503
+    return response

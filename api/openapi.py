@@ -1,0 +1,121 @@
+"""GET /openapi.json: an OpenAPI 3.1 document whose schemas are generated from api/schemas.py's pydantic models.
+
+Paths are written out here (they are few and each lists every status code the view can return); the blueprint of
+/sweeps may add its own by exposing `OPENAPI_PATHS` (a dict of path -> path item).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, current_app, jsonify
+from pydantic.json_schema import models_json_schema
+
+from api import schemas
+
+bp = Blueprint("openapi", __name__)
+
+_REF = "#/components/schemas/{model}"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _REF.format(model=name)}
+
+
+def _json(name: str, description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref(name)}}}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    text = {400: "Invalid request", 401: "Missing or bad API key", 404: "No such job", 409: "Wrong job state",
+            410: "Video expired", 413: "Body over 64 KiB", 416: "Range not satisfiable", 503: "Redis or queue full"}
+    return {str(s): _json("ErrorBody", text[s]) for s in statuses}
+
+
+_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_WAIT = {"name": "wait", "in": "query", "required": False,
+         "schema": {"type": "number", "minimum": 0, "maximum": 60},
+         "description": "Block up to this many seconds for the job to finish (same as `Prefer: wait=N`)."}
+_LINKS = {
+    "GetJob": {"operationId": "getJob", "parameters": {"job_id": "$response.body#/id"}},
+    "CancelJob": {"operationId": "cancelJob", "parameters": {"job_id": "$response.body#/id"}},
+    "DeleteJob": {"operationId": "deleteJob", "parameters": {"job_id": "$response.body#/id"}},
+    "GetContent": {"operationId": "getJobContent", "parameters": {"job_id": "$response.body#/id"}},
+}
+
+
+def _paths() -> dict[str, Any]:
+    job_ok = {**_json("Job", "The job"), "links": _LINKS}
+    return {
+        "/jobs": {
+            "post": {"operationId": "createJob", "summary": "Queue a render",
+                     "requestBody": {"required": True,
+                                     "content": {"application/json": {"schema": _ref("CreateJob")}}},
+                     "parameters": [{"name": "Prefer", "in": "header", "required": False,
+                                     "schema": {"type": "string"}, "description": "`wait=N`: block up to N s"}],
+                     "responses": {"202": {**job_ok, "description": "Queued (Location: /jobs/{id})"},
+                                   "200": {**job_ok, "description": "Finished within Prefer: wait"},
+                                   **_errors(400, 401, 413, 503)}},
+            "get": {"operationId": "listJobs", "summary": "List jobs, newest first",
+                    "parameters": [
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+                        {"name": "after", "in": "query", "schema": {"type": "string"}},
+                        {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"]}},
+                        {"name": "status", "in": "query", "schema": {"enum": list(schemas.StatusName.__args__)}}],
+                    "responses": {"200": _json("JobList", "One page"), **_errors(400, 401, 503)}},
+        },
+        "/jobs/{job_id}": {
+            "get": {"operationId": "getJob", "summary": "One job", "parameters": [_JOB_ID, _WAIT],
+                    "responses": {"200": job_ok, **_errors(400, 401, 404, 503)}},
+            "delete": {"operationId": "deleteJob", "summary": "Abort if active, remove job and files",
+                       "parameters": [_JOB_ID],
+                       "responses": {"204": {"description": "Deleted"}, **_errors(401, 404, 503)}},
+        },
+        "/jobs/{job_id}/cancel": {
+            "post": {"operationId": "cancelJob", "summary": "Cancel a queued or running job", "parameters": [_JOB_ID],
+                     "responses": {"202": _json("Job", "Cancelled, or cancel requested"),
+                                   **_errors(401, 404, 409, 503)}},
+        },
+        "/jobs/{job_id}/content": {
+            "get": {"operationId": "getJobContent", "summary": "The MP4 (Range, ETag)", "parameters": [_JOB_ID],
+                    "responses": {
+                        "200": {"description": "Whole video", "content": {"video/mp4": {"schema": {
+                            "type": "string", "format": "binary"}}}},
+                        "206": {"description": "Byte range", "content": {"video/mp4": {"schema": {
+                            "type": "string", "format": "binary"}}}},
+                        "304": {"description": "Not modified (If-None-Match)"},
+                        **_errors(401, 404, 409, 410, 416, 503)}},
+        },
+        "/healthz": {"get": {"operationId": "healthz", "summary": "Process alive", "security": [],
+                             "responses": {"200": {"description": "Alive"}}}},
+        "/readyz": {"get": {"operationId": "readyz", "summary": "Redis reachable and a worker heartbeat fresh",
+                            "security": [],
+                            "responses": {"200": {"description": "Ready"}, "503": {"description": "Not ready"}}}},
+    }
+
+
+def build_document() -> dict[str, Any]:
+    models = [(schemas.CreateJob, "validation"), (schemas.Job, "serialization"), (schemas.JobList, "serialization"),
+              (schemas.ErrorBody, "serialization")]
+    _, top = models_json_schema(models, ref_template=_REF)
+    from api import sweeps  # noqa: PLC0415
+
+    paths = _paths()
+    paths.update(getattr(sweeps, "OPENAPI_PATHS", {}))  # optional: the sweeps room documents its own routes
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "h3batch job API", "version": "0.1.0",
+                 "description": "Text prompt → MP4 with stereo sound (FastH3 8-Step V2). Errors: "
+                                "{\"error\": {code, message, retryable}}."},
+        "paths": paths,
+        "components": {"schemas": top.get("$defs", {}),
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    }
+    if current_app.config.get("API_KEYS"):
+        doc["security"] = [{"bearer": []}]
+    return doc
+
+
+@bp.get("/openapi.json")
+def openapi_json():
+    """The OpenAPI 3.1 document of this API."""
+    return jsonify(build_document())

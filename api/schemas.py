@@ -1,0 +1,149 @@
+"""Pydantic models of the job API: the create request (validated at the door) and the response shapes.
+
+The same models generate /openapi.json, so the document cannot drift from what the views accept and return.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from worker import defaults
+from worker.h3.geometry import GeometryError, RequestGeometry
+
+StatusName = Literal["queued", "in_progress", "completed", "failed", "cancelled", "expired"]
+StageName = Literal["queued", "text_encode", "denoise", "decode", "mux", "finalize"]
+
+
+class CreateJob(BaseModel):
+    """POST /jobs body. Unknown fields are refused (400 unsupported_parameter)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(description="What the clip shows and sounds like; not empty.")
+    seconds: float = Field(defaults.DEFAULT_SECONDS, description="Clip length, 4 to 15 s.")
+    width: int = Field(defaults.DEFAULT_WIDTH, description="Canvas width in pixels, a multiple of 32.")
+    height: int = Field(defaults.DEFAULT_HEIGHT, description="Canvas height in pixels, a multiple of 32; "
+                                                             "aspect 1:4 to 4:1.")
+    seed: int | None = Field(None, ge=0, lt=2**63, description="Sampler noise seed; random 63-bit when omitted "
+                                                                "(the chosen value is recorded on the job).")
+    release: str | None = Field(None, min_length=1, max_length=200,
+                                description="Release id the job needs; a worker serving another one fails the job "
+                                            "with release_mismatch.")
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_blank(cls, value: str, info: ValidationInfo) -> str:
+        if not value.strip():
+            raise PydanticCustomError("empty_prompt", "prompt: expected a non-empty text, found {found}",
+                                      {"found": repr(value)})
+        limit = (info.context or {}).get("max_prompt_chars", defaults.MAX_PROMPT_CHARS)
+        if len(value) > limit:
+            raise PydanticCustomError("prompt_too_long", "prompt: expected at most {limit} characters, found {n}",
+                                      {"limit": limit, "n": len(value)})
+        return value
+
+    @model_validator(mode="after")
+    def _geometry_supported(self) -> "CreateJob":
+        try:
+            RequestGeometry(self.width, self.height, self.seconds)
+        except GeometryError as exc:
+            kind = "unsupported_duration" if exc.field == "seconds" else "unsupported_size"
+            raise PydanticCustomError(kind, "{detail}", {"detail": str(exc)}) from None
+        return self
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    retryable: bool
+    request_id: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every non-2xx answer."""
+
+    error: ErrorDetail
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+    retryable: bool
+    stage: str | None = None
+
+
+class JobLinks(BaseModel):
+    self: str
+    content: str
+    cancel: str
+
+
+class Job(BaseModel):
+    """A job as GET /jobs/{id} shows it."""
+
+    id: str
+    object: Literal["job"] = "job"
+    status: StatusName
+    stage: StageName
+    progress: float = Field(ge=0.0, le=1.0, description="0..1, non-decreasing within an attempt; 1 iff completed.")
+    step: int = Field(description="Denoise step done, 0..total_steps.")
+    total_steps: int
+    queue_position: int | None = Field(None, description="1 = next to start; null unless queued.")
+    prompt: str
+    seconds: float
+    width: int
+    height: int
+    seed: int
+    release: str | None = Field(None, description="Release requested (null: whatever the worker serves).")
+    release_id: str | None = Field(None, description="Release that rendered the job.")
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    expires_at: float | None = None
+    queue_wait_s: float | None = None
+    inference_time_s: float | None = None
+    timings: dict[str, float] | None = Field(None, description="Seconds per stage (text_encode, denoise, decode, "
+                                                               "mux, finalize).")
+    frames: int | None = None
+    size_bytes: int | None = None
+    attempt: int
+    worker: str | None = None
+    cancel_reason: str | None = None
+    cancelled_at_stage: str | None = None
+    error: JobError | None = None
+    links: JobLinks
+
+
+class JobList(BaseModel):
+    """GET /jobs page."""
+
+    object: Literal["list"] = "list"
+    data: list[Job]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+def job_view(record: dict[str, Any], queue_position: int | None) -> dict[str, Any]:
+    """The public JSON of a record (private fields such as owner and sha256 left out)."""
+    job_id = record["id"]
+    started, created, finished = record.get("started_at"), record["created_at"], record.get("finished_at")
+    timings = record.get("timings")
+    view = Job(
+        id=job_id, status=record["status"], stage=record["stage"], progress=record.get("progress") or 0.0,
+        step=record.get("step") or 0, total_steps=record.get("total_steps") or defaults.TOTAL_STEPS,
+        queue_position=queue_position if record["status"] == "queued" else None,
+        prompt=record.get("prompt", ""), seconds=record["seconds"], width=record["width"], height=record["height"],
+        seed=record["seed"], release=record.get("release"), release_id=record.get("release_id"),
+        created_at=created, started_at=started, finished_at=finished, expires_at=record.get("expires_at"),
+        queue_wait_s=None if started is None else round(started - created, 6),
+        inference_time_s=None if not timings else round(sum(timings.values()), 6),
+        timings=timings, frames=record.get("frames"), size_bytes=record.get("size_bytes"),
+        attempt=record.get("attempt") or 0, worker=record.get("worker"),
+        cancel_reason=record.get("cancel_reason"), cancelled_at_stage=record.get("cancelled_at_stage"),
+        error=record.get("error"),
+        links=JobLinks(self=f"/jobs/{job_id}", content=f"/jobs/{job_id}/content", cancel=f"/jobs/{job_id}/cancel"),
+    )
+    return view.model_dump(mode="json")

@@ -1,0 +1,57 @@
+"""`h3batch api [--host H] [--port P] [--dev]`: check the configuration, then serve the API.
+
+Default: exec gunicorn (gthread workers; real 413s and keep-alive, as in the containers). `--dev` runs Flask's
+threaded development server in this process instead. A misconfiguration (bad env value, Redis unreachable,
+unwritable artifacts dir) prints one line and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from worker.exceptions import ConfigError
+from worker.settings import Settings, check_artifacts_dir, check_redis, configure_logging
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="h3batch api", description="Run the h3batch job API.")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 in containers)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    parser.add_argument("--workers", type=int, default=1, help="gunicorn worker processes (default 1)")
+    parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn worker (default 8)")
+    parser.add_argument("--dev", action="store_true", help="Flask development server instead of gunicorn")
+
+    def one_line_error(message: str) -> None:
+        print(f"h3batch api: {message}", file=sys.stderr)
+        sys.exit(2)
+
+    parser.error = one_line_error  # type: ignore[method-assign]
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        check_redis(settings.redis_url)
+        check_artifacts_dir(settings.artifacts_dir)
+    except ConfigError as exc:
+        print(f"h3batch api: {exc}", file=sys.stderr)
+        return 2
+    if not 0 < args.port < 65536:
+        print(f"h3batch api: --port: expected 1..65535, found {args.port}", file=sys.stderr)
+        return 2
+    if args.dev:
+        configure_logging(settings)
+        from api import create_app  # noqa: PLC0415
+
+        create_app().run(host=args.host, port=args.port, threaded=True, use_reloader=False)
+        return 0
+    gunicorn = [sys.executable, "-m", "gunicorn", "--bind", f"{args.host}:{args.port}",
+                "--worker-class", "gthread", "--workers", str(args.workers), "--threads", str(args.threads),
+                # Long-poll waits (?wait=N, at most 60 s) must not trip the worker timeout.
+                "--timeout", "90", "--graceful-timeout", "10", "--keep-alive", "5",
+                "--log-level", "warning", "api.wsgi:app"]
+    os.execv(sys.executable, gunicorn)
+    return 0  # not reached

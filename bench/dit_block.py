@@ -1,0 +1,476 @@
+"""One real-size MiniMax-H3 DiT block on one GPU: diffusers oracle vs native dense vs native VSA-H3, attention alone.
+
+Geometry: the V2 recipe 1344×768, 4.4 s (107 frames → latent 32×48×84) with a 128-token prompt:
+S = 128 text + 356 audio + 32,256 video = 32,740 rows. Random bf16 weights at real width (hidden 5376, 56×128 heads,
+SwiGLU 14336). Times are CUDA-event medians after warm-up; compile / first-call time is reported apart.
+
+Parts (each guarded, so one failure does not lose the others; results go to OUT/dit_block.json as they arrive):
+  peak       8192³ bf16 matmul rate and the block's own GEMM shapes at M = S.
+  attention  (d) dense SDPA vs our VSA (worker/h3/vsa_cuda.py) at sparsity 0.8: kernel-option sweep, stage breakdown,
+             a real-size correctness check of two heads against an fp32 masked reference.
+  block      (a) diffusers MiniMaxH3TransformerBlock eager dense, (b) native DiTBlock dense, (c) native DiTBlock with
+             VSA 0.8 and the kernels/ modulation ops; peak memory; torch.profiler top kernels of (c); estimates of
+             8 steps × 50 blocks per GPU count.
+
+Usage (on the GPU machine): python bench/dit_block.py --out $OUT [--parts peak,attention,block] [--sweep]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from worker.h3 import vsa as vsa_module  # noqa: E402
+from worker.h3 import vsa_cuda  # noqa: E402
+from worker.h3.geometry import RequestGeometry  # noqa: E402
+from worker.h3.packing import build_packed_layout  # noqa: E402
+
+TEXT_ROWS = 128
+WIDTH, HEIGHT, SECONDS = 1344, 768, 4.4
+STEPS, BLOCKS = 8, 50
+ALL_TO_ALL_GBPS = 350.0  # assumed per-GPU NVLink all-to-all bandwidth for the multi-GPU estimate (not measured here)
+
+SWEEP = [  # first H200 run (2026-12-01): stages 2 → 19.8 ms, stages 4 → 22.8, 8 warps → 28.3 vs default 17.9
+    {"USE_TMA": True},
+    {"PRESCALE_QK": True},
+    {"USE_TMA": True, "PRESCALE_QK": True},
+]
+
+
+# Timing --------------------------------------------------------------------------------------------------------------
+
+
+def time_ms(fn, reps: int = 10, warmup: int = 2) -> float:
+    """Median CUDA-event time of fn() in ms, after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def first_call_s(fn) -> float:
+    """Wall time of one call including compilation, synchronized."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+# FLOP counts ---------------------------------------------------------------------------------------------------------
+
+
+def linear_flops(rows: int, hidden: int, inner: int, ffn: int, *, gate: bool) -> float:
+    """2·S·(weights) for qkv, out, fc1, fc2 (+ to_gate_compress)."""
+    weights = 3 * inner * hidden + inner * hidden + 3 * ffn * hidden + (inner * hidden if gate else 0)
+    return 2.0 * rows * weights
+
+
+def dense_attention_flops(rows: int, inner: int) -> float:
+    return 4.0 * rows * rows * inner
+
+
+def sparse_attention_flops(keep: torch.Tensor, plan, head_dim: int) -> float:
+    """4·hd·Σ_{b,h,i} size_i·Σ_{j kept} size_j: the useful (unpadded) FLOPs of the fine branch."""
+    sizes = plan.variable_block_sizes.to(device=keep.device, dtype=torch.float64)
+    per_query_tile = (keep.to(torch.float64) * sizes).sum(-1)  # [B, H, n] real keys seen
+    return 4.0 * head_dim * float((per_query_tile * sizes).sum())
+
+
+# Setup ---------------------------------------------------------------------------------------------------------------
+
+
+def geometry():
+    layout = build_packed_layout(TEXT_ROWS, RequestGeometry(WIDTH, HEIGHT, SECONDS))
+    plan = vsa_module.vsa_plan_for_layout(layout, 0.8)
+    return layout, plan
+
+
+def environment() -> dict:
+    info = {
+        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name(0),
+        "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+    }
+    for name in ("triton", "diffusers"):
+        try:
+            info[name] = __import__(name).__version__
+        except Exception as exc:  # noqa: BLE001 - record, do not stop
+            info[name] = f"unavailable: {exc}"
+    return info
+
+
+# Parts ---------------------------------------------------------------------------------------------------------------
+
+
+def part_peak(res: dict, rows: int) -> None:
+    """Matmul ceiling (8192³) and the block's GEMMs at M = rows, bf16 random data."""
+    n = 8192
+    a, b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = time_ms(lambda: a @ b, reps=20, warmup=5)
+    res["matmul_8192_TFLOPs"] = 2 * n**3 / ms / 1e9
+    del a, b
+    shapes = {"qkv_proj": (5376, 21504), "to_gate_compress": (5376, 7168), "out_proj": (7168, 5376),
+              "fc1": (5376, 28672), "fc2": (14336, 5376)}
+    gemms = {}
+    for name, (k_in, n_out) in shapes.items():
+        x = torch.randn(rows, k_in, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n_out, k_in, device="cuda", dtype=torch.bfloat16) * k_in**-0.5
+        ms = time_ms(lambda: F.linear(x, w), reps=10, warmup=3)
+        gemms[name] = {"ms": ms, "TFLOPs": 2 * rows * k_in * n_out / ms / 1e9}
+        del x, w
+    total_flops = sum(2 * rows * k * o for k, o in shapes.values())
+    total_ms = sum(g["ms"] for g in gemms.values())
+    res["gemms"] = gemms
+    res["gemms_total_ms"] = total_ms
+    res["gemms_TFLOPs"] = total_flops / total_ms / 1e9
+    res["gemms_fraction_of_peak"] = res["gemms_TFLOPs"] / res["matmul_8192_TFLOPs"]
+
+
+def _reference_heads(q, k, v, g, plan, heads, chunk=4096):
+    """fp32 VSA reference for a few heads at full length (query chunks; token mask from the reference's tile map)."""
+    scores = vsa_module.tile_scores(q, k, plan)  # fp32 [1, H, n, n] via the reference's own means
+    keep = vsa_module.block_map(scores, plan)
+    coarse = (torch.softmax(scores, -1) @ vsa_module.tile_means(v, plan)).to(q.dtype)  # [1, H, n, D]
+    row_tile = plan.row_tile.to(q.device)
+    out = {}
+    for h in heads:
+        qh, kh, vh = (t[0, :, h].float() for t in (q, k, v))  # [S, D]
+        tiles_kept = keep[0, h]  # [n, n]
+        pieces = []
+        for start in range(0, qh.shape[0], chunk):
+            rows = slice(start, start + chunk)
+            logits = qh[rows] @ kh.T / math.sqrt(qh.shape[-1])
+            mask = tiles_kept[row_tile[rows]][:, row_tile]
+            pieces.append(torch.softmax(logits.masked_fill(~mask, float("-inf")), -1) @ vh)
+        fine = torch.cat(pieces).to(q.dtype)
+        out[h] = fine + g[0, :, h] * coarse[0, h, row_tile]
+    return out, keep
+
+
+def part_attention(res: dict, plan, sweep: bool, dump) -> None:
+    """(d): dense SDPA vs VSA at sparsity 0.8, plus option sweep, stage breakdown and a real-size check."""
+    rows, heads, dim = plan.sequence_length, 56, 128
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, g = (torch.randn(1, rows, heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4))
+    att = res.setdefault("attention", {})
+    att["rows"], att["tiles"], att["prefix_tiles"], att["video_tiles"], att["top_k"] = (
+        rows, plan.num_tiles, plan.num_prefix_tiles, plan.num_video_tiles, plan.top_k)
+
+    sdpa = lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # noqa: E731
+    att["sdpa_ms"] = time_ms(sdpa, reps=10)
+    att["dense_TFLOP"] = dense_attention_flops(rows, heads * dim) / 1e12
+    att["sdpa_TFLOPs"] = att["dense_TFLOP"] / att["sdpa_ms"] * 1e3
+    dump()
+
+    # Real-size correctness on two heads before any timing of VSA.
+    att["first_call_s"] = first_call_s(lambda: vsa_cuda.vsa_attention_cuda(q, k, v, g, plan))
+    out = vsa_cuda.vsa_attention_cuda(q, k, v, g, plan)
+    ref, keep_ref = _reference_heads(q, k, v, g, plan, heads=(0, 37))
+    att["check_max_abs_err"] = max((out[0, :, h].float() - r.float()).abs().max().item() for h, r in ref.items())
+    geo = vsa_cuda.tiled_geometry(plan, q.device)
+    (qt, qm), (kt, km), (vt, _) = (vsa_cuda.tile_rows(t, geo) for t in (q, k, v))
+    scores = qm @ km.transpose(-1, -2) / math.sqrt(dim)
+    keep = vsa_module.block_map(scores, plan)
+    att["block_map_agreement_with_reference"] = (keep == keep_ref).float().mean().item()
+    att["density_tiles"] = keep.float().mean().item()
+    att["sparse_TFLOP"] = sparse_attention_flops(keep, plan, dim) / 1e12
+    att["padded_sparse_TFLOP"] = 4.0 * dim * heads * float(keep.sum()) * vsa_module.TILE_TOKENS**2 / 1e12
+    del keep_ref, ref
+    dump()
+
+    att["vsa_ms"] = time_ms(lambda: vsa_cuda.vsa_attention_cuda(q, k, v, g, plan), reps=10)
+    att["vsa_speedup_vs_sdpa"] = att["sdpa_ms"] / att["vsa_ms"]
+    att["vsa_effective_TFLOPs"] = att["sparse_TFLOP"] / att["vsa_ms"] * 1e3
+    dump()
+
+    # Stage breakdown (default kernel options).
+    stages = {}
+    stages["tile_and_mean_x3"] = time_ms(lambda: [vsa_cuda.tile_rows(t, geo) for t in (q, k, v)])
+    stages["scores_topk_lists"] = time_ms(lambda: vsa_cuda.kv_lists_from_scores(
+        qm @ km.transpose(-1, -2) / math.sqrt(dim), plan, geo))
+    lists = vsa_cuda.kv_lists_from_scores(scores, plan, geo)
+    stages["block_mask_build"] = time_ms(lambda: vsa_cuda.build_block_mask(lists, geo, vsa_cuda._pad_mask_mod(geo)))
+    bm = vsa_cuda.build_block_mask(lists, geo, vsa_cuda._pad_mask_mod(geo))
+    flex = vsa_cuda._compiled_flex()
+    opts = dict(vsa_cuda.DEFAULT_KERNEL_OPTIONS)
+    stages["flex_kernel_only"] = time_ms(lambda: flex(qt.transpose(1, 2), kt.transpose(1, 2), vt.transpose(1, 2),
+                                                      block_mask=bm, scale=dim**-0.5, kernel_options=opts))
+    fine_t = vsa_cuda.fine_attention(qt, kt, vt, lists, geo)
+    att["flex_output_stride"] = list(fine_t.stride())
+    coarse = torch.randn(1, heads, plan.num_tiles, dim, device="cuda", dtype=torch.bfloat16)
+    stages["combine"] = time_ms(lambda: vsa_cuda.combine(fine_t, g, coarse, geo))
+    att["stages_ms"] = stages
+    att["flex_kernel_TFLOPs"] = att["sparse_TFLOP"] / stages["flex_kernel_only"] * 1e3
+    att["flex_kernel_padded_TFLOPs"] = att["padded_sparse_TFLOP"] / stages["flex_kernel_only"] * 1e3
+    dump()
+
+    if sweep:
+        results = []
+        for options in SWEEP:
+            entry = {"options": options}
+            try:
+                full = {**vsa_cuda.DEFAULT_KERNEL_OPTIONS, **options}
+                entry["first_call_s"] = first_call_s(lambda: vsa_cuda.vsa_attention_cuda(
+                    q, k, v, g, plan, kernel_options=full))
+                entry["kernel_ms"] = time_ms(lambda: flex(qt.transpose(1, 2), kt.transpose(1, 2), vt.transpose(1, 2),
+                                                          block_mask=bm, scale=dim**-0.5, kernel_options=full))
+                entry["vsa_ms"] = time_ms(lambda: vsa_cuda.vsa_attention_cuda(q, k, v, g, plan, kernel_options=full))
+                o = vsa_cuda.vsa_attention_cuda(q, k, v, g, plan, kernel_options=full)
+                entry["max_abs_diff_vs_default"] = (o.float() - out.float()).abs().max().item()
+            except Exception as exc:  # noqa: BLE001 - a config the template refuses is a result
+                entry["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            results.append(entry)
+            print("sweep", entry, flush=True)
+            dump()
+        att["sweep"] = results
+
+
+def _copy_diffusers_to_native(dblock, nblock, ffn: int) -> None:
+    """Load the diffusers block's random weights into the native block (N names, §3.2/§3.3 rules)."""
+    with torch.no_grad():
+        a = dblock.attn
+        nblock.attn.qkv_proj.weight.copy_(torch.cat([a.to_q.weight, a.to_k.weight, a.to_v.weight]))
+        nblock.attn.q_norm.weight.copy_(a.norm_q.weight)
+        nblock.attn.k_norm.weight.copy_(a.norm_k.weight)
+        nblock.attn.out_proj.weight.copy_(a.to_out[0].weight)
+        w1 = dblock.ff.net[0].proj.weight
+        nblock.mlp.fc1.weight.copy_(torch.cat([w1[ffn:], w1[:ffn]]))
+        nblock.mlp.fc2.weight.copy_(dblock.ff.net[2].weight)
+        nblock.norm1.weight.copy_(dblock.norm1.weight)
+        nblock.norm2.weight.copy_(dblock.norm2.weight)
+        nblock.adaln_proj.linear.weight.copy_(dblock.adaln_proj.linear.weight)
+        nblock.adaln_proj.linear.bias.copy_(dblock.adaln_proj.linear.bias)
+
+
+def _is_gemm(name: str) -> bool:
+    """cuBLAS / CUTLASS matmul kernels (attention kernels excluded, though cuDNN's carry 'sm90' too)."""
+    low = name.lower()
+    if any(s in low for s in ("sdpa", "flash", "fmha", "attention", "triton")):
+        return False
+    return any(s in low for s in ("gemm", "nvjet", "xmma", "cutlass", "sm90"))
+
+
+def _profile_top(fn, path: Path, top: int = 15) -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if getattr(e, "device_time_total", 0) > 0 and e.device_type.name == "CUDA"]
+    if not events:  # older naming: kernels appear as CPU-side events with cuda time
+        events = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+    total = sum(e.self_device_time_total for e in events) or 1.0
+    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    rows = [{"kernel": e.key[:120], "ms": e.self_device_time_total / 1e3, "calls": e.count,
+             "share": e.self_device_time_total / total} for e in events[:top]]
+    path.write_text(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40))
+    gemm_us = sum(e.self_device_time_total for e in events if _is_gemm(e.key))
+    return rows, gemm_us / 1e3, total / 1e3
+
+
+def part_block(res: dict, layout, plan, out_dir: Path, dump) -> None:
+    """(a) diffusers eager dense, (b) native dense, (c) native VSA 0.8 + kernels/ modulation; memory; profile."""
+    from worker.h3 import model as native
+    from worker.h3.config import H3Config
+
+    cfg = H3Config(vsa_gates=True)
+    rows, hidden, inner, ffn = layout.sequence_length, cfg.hidden_size, cfg.inner_dim, cfg.ffn_hidden_size
+    blk = res.setdefault("block", {})
+    tags = layout.token_tags.cuda()
+    timestep_indices = (tags == 2).long()  # V2 step: text/video index 0, audio index 1
+    adaln_rows = timestep_indices * 3 + tags
+    temb = torch.randn(2, cfg.time_embed_dim, device="cuda", dtype=torch.float32)
+    x = torch.randn(1, rows, hidden, device="cuda", dtype=torch.bfloat16)
+    with torch.device("cuda"):
+        rope = native.RotaryEmbedding(cfg)(layout.position_ids.cuda())
+
+    lin_dense = linear_flops(rows, hidden, inner, ffn, gate=False)
+    lin_gated = linear_flops(rows, hidden, inner, ffn, gate=True)
+    att_dense = dense_attention_flops(rows, inner)
+    sparse_tflop = res.get("attention", {}).get("sparse_TFLOP")
+    att_sparse = sparse_tflop * 1e12 if sparse_tflop else 0.224 * att_dense
+    blk["flops_TFLOP"] = {"linear_dense": lin_dense / 1e12, "linear_with_gate": lin_gated / 1e12,
+                          "attention_dense": att_dense / 1e12, "attention_vsa": att_sparse / 1e12}
+
+    def record(name, fn, flops, reps=5):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        entry = {"first_call_s": first_call_s(fn)}
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        entry["peak_memory_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+        entry["activation_peak_GiB"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+        entry["ms"] = time_ms(fn, reps=reps, warmup=1)
+        entry["TFLOPs"] = flops / entry["ms"] / 1e9
+        blk[name] = entry
+        print(name, entry, flush=True)
+        dump()
+
+    # (a) diffusers block.
+    dout = None
+    try:
+        from diffusers.models.transformers.transformer_minimax_h3 import (
+            MiniMaxH3RotaryPosEmbed,
+            MiniMaxH3TransformerBlock,
+        )
+
+        with torch.device("cuda"):
+            dblock = MiniMaxH3TransformerBlock(hidden, cfg.num_attention_heads, cfg.attention_head_dim, ffn,
+                                               cfg.time_embed_dim, cfg.norm_eps, cfg.qk_norm_eps).to(torch.bfloat16)
+            drope = MiniMaxH3RotaryPosEmbed(cfg.rope_inv_freq_len, cfg.rope_theta)(layout.position_ids.cuda())
+        dblock.eval()
+        with torch.no_grad():
+            record("a_diffusers_dense", lambda: dblock(x, temb, adaln_rows, drope), lin_dense + att_dense)
+            dout = dblock(x, temb, adaln_rows, drope)
+    except Exception:  # noqa: BLE001
+        blk["a_diffusers_dense"] = {"error": traceback.format_exc()[-1500:]}
+        print(blk["a_diffusers_dense"]["error"], flush=True)
+        dblock = None
+
+    # (b) native dense.
+    with torch.device("cuda"):
+        nblock = native.DiTBlock(cfg, torch.bfloat16)
+        torch.nn.init.normal_(nblock.attn.to_gate_compress.weight, std=hidden**-0.5)
+    nblock.eval()
+    if dblock is not None:
+        _copy_diffusers_to_native(dblock, nblock, ffn)
+        del dblock
+        torch.cuda.empty_cache()
+    with torch.no_grad():
+        record("b_native_dense", lambda: nblock(x, temb, adaln_rows, rope), lin_dense + att_dense)
+        if dout is not None:
+            nout = nblock(x, temb, adaln_rows, rope)
+            diff = (nout.float() - dout.float()).abs()
+            blk["b_vs_a_max_abs"], blk["b_vs_a_mean_abs"] = diff.max().item(), diff.mean().item()
+            blk["a_output_rms"] = dout.float().pow(2).mean().sqrt().item()
+            del nout, dout
+
+    # (c) native VSA 0.8: the DiT imports worker.h3.vsa.vsa_attention at call time; point it at the CUDA path for
+    # the run (a no-op in effect once vsa.vsa_attention dispatches CUDA tensors there itself).
+    blk["vsa_dispatch"] = "bench routes worker.h3.vsa.vsa_attention to vsa_cuda.vsa_attention_cuda"
+    original = vsa_module.vsa_attention
+    vsa_module.vsa_attention = vsa_cuda.vsa_attention_cuda
+    try:
+        with torch.no_grad():
+            record("c_native_vsa", lambda: nblock(x, temb, adaln_rows, rope, plan), lin_gated + att_sparse)
+            top, gemm_ms, total_ms = _profile_top(lambda: nblock(x, temb, adaln_rows, rope, plan),
+                                                  out_dir / "profile_c.txt")
+            blk["c_profile_top"] = top
+            blk["c_profile_gemm_ms"] = gemm_ms
+            blk["c_profile_total_kernel_ms"] = total_ms
+            blk["c_in_block_linear_TFLOPs"] = lin_gated / gemm_ms / 1e9 if gemm_ms else None
+            dump()
+            top_b, gemm_b, total_b = _profile_top(lambda: nblock(x, temb, adaln_rows, rope), out_dir / "profile_b.txt")
+            blk["b_profile_top"] = top_b
+            blk["b_profile_gemm_ms"] = gemm_b
+    finally:
+        vsa_module.vsa_attention = original
+
+    a_ms = blk.get("a_diffusers_dense", {}).get("ms")
+    c_ms = blk["c_native_vsa"]["ms"]
+    if a_ms:
+        blk["c_speedup_vs_a"] = a_ms / c_ms
+    blk["b_speedup_vs_a"] = a_ms / blk["b_native_dense"]["ms"] if a_ms else None
+    # Estimates: 8 forwards × 50 blocks; N-GPU Ulysses splits rows, adds all-to-alls of q,k,v,g and the output.
+    per_gpu = {}
+    for n in (1, 2, 4, 8):
+        comm_ms = 0.0 if n == 1 else 5 * rows * inner * 2 / n * (n - 1) / n / (ALL_TO_ALL_GBPS * 1e9) * 1e3
+        per_gpu[str(n)] = {"block_ms": c_ms / n + comm_ms, "dit_s": STEPS * BLOCKS * (c_ms / n + comm_ms) / 1e3,
+                           "all_to_all_ms_per_block": comm_ms}
+    blk["estimate_8x50"] = per_gpu
+    if a_ms:
+        blk["estimate_8x50_diffusers_1gpu_s"] = STEPS * BLOCKS * a_ms / 1e3
+    dump()
+
+
+def print_table(res: dict) -> None:
+    att, blk = res.get("attention", {}), res.get("block", {})
+    print("\n==== DiT block, S = %s, %s ====" % (att.get("rows"), res.get("env", {}).get("gpu")))
+    print("matmul 8192^3: %.0f TFLOP/s; block GEMMs standalone: %.0f TFLOP/s (%.0f%% of it)" % (
+        res.get("matmul_8192_TFLOPs", float("nan")), res.get("gemms_TFLOPs", float("nan")),
+        100 * res.get("gemms_fraction_of_peak", float("nan"))))
+    print("%-28s %10s %10s %10s %12s" % ("case", "ms", "TFLOP/s", "first s", "peak GiB"))
+    for name in ("a_diffusers_dense", "b_native_dense", "c_native_vsa"):
+        e = blk.get(name, {})
+        print("%-28s %10.2f %10.0f %10.1f %12.1f" % (name, e.get("ms", float("nan")), e.get("TFLOPs", float("nan")),
+                                                    e.get("first_call_s", float("nan")),
+                                                    e.get("peak_memory_GiB", float("nan"))))
+    print("%-28s %10.2f %10.0f" % ("d_sdpa_dense", att.get("sdpa_ms", float("nan")), att.get("sdpa_TFLOPs", float("nan"))))
+    print("%-28s %10.2f %10.0f %10.1f" % ("d_vsa_0.8", att.get("vsa_ms", float("nan")),
+                                           att.get("vsa_effective_TFLOPs", float("nan")), att.get("first_call_s", float("nan"))))
+    print("VSA speed-up vs SDPA %.2fx; (c) vs (a) %.2fx; check err %.3g; stages %s" % (
+        att.get("vsa_speedup_vs_sdpa", float("nan")), blk.get("c_speedup_vs_a", float("nan")) or float("nan"),
+        att.get("check_max_abs_err", float("nan")), att.get("stages_ms")))
+    if "estimate_8x50" in blk:
+        print("8 steps x 50 blocks:", {k: round(v["dit_s"], 2) for k, v in blk["estimate_8x50"].items()}, "s per GPU count")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    parser.add_argument("--parts", default="peak,attention,block")
+    parser.add_argument("--sweep", action="store_true", help="time alternative FlexAttention kernel options")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench/dit_block.py: needs a CUDA GPU (none visible)", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    res: dict = {"env": environment(), "command": " ".join(sys.argv)}
+    path = args.out / "dit_block.json"
+
+    def dump():
+        path.write_text(json.dumps(res, indent=1, default=str))
+
+    layout, plan = geometry()
+    res["geometry"] = {"rows": layout.sequence_length, "prefix": layout.prefix_segments, "grid": layout.video_grid}
+    print(res["env"], res["geometry"], flush=True)
+    parts = args.parts.split(",")
+    for part, fn in (("peak", lambda: part_peak(res, layout.sequence_length)),
+                     ("attention", lambda: part_attention(res, plan, args.sweep, dump)),
+                     ("block", lambda: part_block(res, layout, plan, args.out, dump))):
+        if part not in parts:
+            continue
+        t0 = time.perf_counter()
+        try:
+            # no_grad, not inference_mode: kernels/ index checks read tensor version counters (absent there).
+            with torch.no_grad():
+                fn()
+        except Exception:  # noqa: BLE001 - keep the other parts' numbers
+            res.setdefault("errors", {})[part] = traceback.format_exc()[-3000:]
+            print(res["errors"][part], flush=True)
+        res.setdefault("part_wall_s", {})[part] = time.perf_counter() - t0
+        torch.cuda.empty_cache()
+        dump()
+    print_table(res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""indexed_gate: `out[r] = x[r] + gate[i] * other[r]`, `i = indices[r]` (gated residual add, new tensor).
+
+Spec h3-model.md §5.1 (used at §4.3 step 6.5). fp32 math with one rounding at the store in both precision modes
+(§5.3 leaves this op generic; `precision` is still resolved and checked). Private Triton kernel, launcher, torch
+reference, public function.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.modulation_common import (
+    Backend, Precision, block_config, check_activation, check_indices, check_table, launch_plan, resolve_backend,
+    resolve_precision, rows_of,
+)
+from kernels.triton_math import round_to_bf16
+
+
+@triton.jit
+def _indexed_gate_kernel(
+    out_ptr,  # output, contiguous [B*S, H] in x's dtype; row r at r * hidden
+    x_ptr,  # residual stream; row (b, s) at b * stride_x_batch + s * stride_x_row, columns contiguous
+    gate_ptr,  # gate table [K, H]; row k at k * stride_gate_row, columns contiguous
+    other_ptr,  # branch output; row (b, s) at b * stride_other_batch + s * stride_other_row
+    indices_ptr,  # table row per sequence position [S], int32 or int64, contiguous
+    seq_len,  # S: rows per batch item
+    hidden,  # H: columns per row
+    stride_x_batch,
+    stride_x_row,
+    stride_other_batch,
+    stride_other_row,
+    stride_gate_row,
+    row_offset,  # first row of this launch (row chunking)
+    OUT_BF16: tl.constexpr,  # output is bf16: round before the store
+    BLOCK_SIZE: tl.constexpr,  # power of two >= hidden
+):
+    # This program owns one row: row = row_offset + program id, i.e. batch item row // S, position row % S.
+    row = tl.program_id(0).to(tl.int64) + row_offset
+    batch = row // seq_len
+    position = row % seq_len
+    table_row = tl.load(indices_ptr + position).to(tl.int64)
+    columns = tl.arange(0, BLOCK_SIZE)
+    mask = columns < hidden
+
+    x = tl.load(x_ptr + batch * stride_x_batch + position * stride_x_row + columns, mask=mask, other=0.0)
+    other = tl.load(other_ptr + batch * stride_other_batch + position * stride_other_row + columns,
+                    mask=mask, other=0.0)
+    gate = tl.load(gate_ptr + table_row * stride_gate_row + columns, mask=mask, other=0.0)
+    out = x.to(tl.float32) + gate.to(tl.float32) * other.to(tl.float32)
+    if OUT_BF16:
+        out = round_to_bf16(out)
+    tl.store(out_ptr + row * hidden + columns, out, mask=mask)
+
+
+def _launch(x: torch.Tensor, gate: torch.Tensor, other: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rows, seq_len, stride_x_batch, stride_x_row = rows_of(x)
+    _, _, stride_other_batch, stride_other_row = rows_of(other)
+    block, warps = block_config(x.shape[-1])
+    for row_offset, grid_rows in launch_plan(rows, x.device):
+        _indexed_gate_kernel[(grid_rows,)](
+            out, x, gate, other, indices, seq_len, x.shape[-1], stride_x_batch, stride_x_row,
+            stride_other_batch, stride_other_row, gate.stride(0), row_offset,
+            OUT_BF16=x.dtype == torch.bfloat16, BLOCK_SIZE=block, num_warps=warps,
+            enable_fp_fusion=False,  # no FMA: each op rounds like torch's
+        )
+    return out
+
+
+def reference_indexed_gate(x: torch.Tensor, gate: torch.Tensor, other: torch.Tensor,
+                           indices: torch.Tensor) -> torch.Tensor:
+    """x + gate[i] * other in fp32, one rounding to x's dtype."""
+    return (x.float() + gate[indices].float() * other.float()).to(x.dtype)
+
+
+def indexed_gate(x: torch.Tensor, gate: torch.Tensor, other: torch.Tensor, indices: torch.Tensor, *,
+                 precision: Precision | str | None = None, backend: Backend | str | None = None) -> torch.Tensor:
+    """Gated residual add; returns a new contiguous tensor. x, other: [R, H] or [B, S, H]; gate [K, H]; indices [S]."""
+    check_activation("x", x)
+    check_activation("other", other, like=x)
+    check_table("gate", gate, x)
+    check_indices(indices, x, gate.shape[0])
+    resolve_precision(precision, x)  # same semantics in every mode; resolved only to refuse bad values
+    if resolve_backend(backend, x.device, _indexed_gate_kernel) is Backend.TORCH:
+        return reference_indexed_gate(x, gate, other, indices)
+    if x.numel() == 0:
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return _launch(x, gate, other, indices)

@@ -1,0 +1,126 @@
+"""indexed_gate_rms_norm_scale_shift: gated residual update, then RMSNorm and indexed AdaLN affine, in one pass.
+
+Spec h3-model.md §5.1 (used at §4.3 step 6.4): `u = residual + gate[i] * branch`, `residual_out = bf16(u)`,
+`modulated = RMSNorm_w(bf16(u)) * (1 + scale[i]) + shift[i]`, `i = indices[r]`. The bf16 round trip of `u` is on in
+every precision mode and for every input dtype (§5.2): the unfused path keeps the residual stream in bf16. Private
+Triton kernel, launcher, torch reference and the public dispatching function.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.modulation_common import (
+    Backend, Precision, block_config, check_activation, check_eps, check_indices, check_table, check_weight,
+    launch_plan, reference_rms_modulate, resolve_backend, resolve_precision, round_bf16, rows_of,
+)
+from kernels.triton_math import rms_norm_modulate, round_to_bf16
+
+
+@triton.jit
+def _indexed_gate_rms_norm_scale_shift_kernel(
+    residual_out_ptr,  # output u, contiguous [B*S, H] in residual's dtype; row r at r * hidden
+    modulated_ptr,  # output, contiguous [B*S, H] in residual's dtype; row r at r * hidden
+    residual_ptr,  # residual stream; row (b, s) at b * stride_residual_batch + s * stride_residual_row
+    gate_ptr,  # gate table [K, H]; row k at k * stride_gate_row, columns contiguous
+    branch_ptr,  # branch output (attention / FFN); row (b, s) at b * stride_branch_batch + s * stride_branch_row
+    weight_ptr,  # RMSNorm weight [H], fp32 or bf16, contiguous
+    shift_ptr,  # shift table [K, H]; row k at k * stride_shift_row
+    scale_ptr,  # scale table [K, H]; row k at k * stride_scale_row
+    indices_ptr,  # table row per sequence position [S], int32 or int64, contiguous
+    seq_len,  # S: rows per batch item
+    hidden,  # H: columns per row
+    stride_residual_batch,
+    stride_residual_row,
+    stride_branch_batch,
+    stride_branch_row,
+    stride_gate_row,
+    stride_shift_row,
+    stride_scale_row,
+    row_offset,  # first row of this launch (row chunking)
+    eps,
+    SM90_BF16_AFFINE: tl.constexpr,  # spec §5.3 rounding of the normalized part
+    OUT_BF16: tl.constexpr,  # outputs are bf16: round `modulated` before the store
+    BLOCK_SIZE: tl.constexpr,  # power of two >= hidden
+):
+    # This program owns one row: row = row_offset + program id, i.e. batch item row // S, position row % S.
+    row = tl.program_id(0).to(tl.int64) + row_offset
+    batch = row // seq_len
+    position = row % seq_len
+    table_row = tl.load(indices_ptr + position).to(tl.int64)
+    columns = tl.arange(0, BLOCK_SIZE)
+    mask = columns < hidden
+
+    residual = tl.load(residual_ptr + batch * stride_residual_batch + position * stride_residual_row + columns,
+                       mask=mask, other=0.0).to(tl.float32)
+    branch = tl.load(branch_ptr + batch * stride_branch_batch + position * stride_branch_row + columns,
+                     mask=mask, other=0.0).to(tl.float32)
+    gate = tl.load(gate_ptr + table_row * stride_gate_row + columns, mask=mask, other=0.0).to(tl.float32)
+    # Always bf16 (spec §5.2): the stored residual and the norm's input are the bf16 value of u.
+    updated = round_to_bf16(residual + gate * branch)
+    tl.store(residual_out_ptr + row * hidden + columns, updated, mask=mask)
+
+    weight = tl.load(weight_ptr + columns, mask=mask, other=0.0).to(tl.float32)
+    shift = tl.load(shift_ptr + table_row * stride_shift_row + columns, mask=mask, other=0.0)
+    scale = tl.load(scale_ptr + table_row * stride_scale_row + columns, mask=mask, other=0.0)
+    out = rms_norm_modulate(updated, weight, shift, scale, mask, hidden, eps, SM90_BF16_AFFINE)
+    if OUT_BF16:
+        out = round_to_bf16(out)
+    tl.store(modulated_ptr + row * hidden + columns, out, mask=mask)
+
+
+def _launch(residual, gate, branch, weight, shift, scale, indices, eps, precision):
+    residual_out = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
+    modulated = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
+    rows, seq_len, stride_residual_batch, stride_residual_row = rows_of(residual)
+    _, _, stride_branch_batch, stride_branch_row = rows_of(branch)
+    hidden = residual.shape[-1]
+    block, warps = block_config(hidden)
+    for row_offset, grid_rows in launch_plan(rows, residual.device):
+        _indexed_gate_rms_norm_scale_shift_kernel[(grid_rows,)](
+            residual_out, modulated, residual, gate, branch, weight, shift, scale, indices, seq_len, hidden,
+            stride_residual_batch, stride_residual_row, stride_branch_batch, stride_branch_row,
+            gate.stride(0), shift.stride(0), scale.stride(0), row_offset, float(eps),
+            SM90_BF16_AFFINE=precision is Precision.SM90_BF16_AFFINE, OUT_BF16=residual.dtype == torch.bfloat16,
+            BLOCK_SIZE=block, num_warps=warps, enable_fp_fusion=False,  # no FMA: each op rounds like torch's
+        )
+    return residual_out, modulated
+
+
+def reference_indexed_gate_rms_norm_scale_shift(residual, gate, branch, weight, shift, scale, indices, eps,
+                                                precision: Precision) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager torch semantics of the op in the given mode (also the CPU path)."""
+    updated = round_bf16(residual.float() + gate[indices].float() * branch.float())
+    modulated = reference_rms_modulate(updated, weight, shift[indices], scale[indices], eps, precision)
+    return updated.to(residual.dtype), modulated.to(residual.dtype)
+
+
+def indexed_gate_rms_norm_scale_shift(residual: torch.Tensor, gate: torch.Tensor, branch: torch.Tensor,
+                                      weight: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
+                                      indices: torch.Tensor, eps: float, *, precision: Precision | str | None = None,
+                                      backend: Backend | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (residual_out, modulated), both new contiguous tensors shaped like residual.
+
+    residual, branch: [R, H] or [B, S, H]; gate, shift, scale: [K, H] (row views allowed); weight [H];
+    indices [S] in [0, K).
+    """
+    check_activation("residual", residual)
+    check_activation("branch", branch, like=residual)
+    check_table("gate", gate, residual)
+    check_weight(weight, residual)
+    check_table("shift", shift, residual)
+    check_table("scale", scale, residual)
+    for name, table in (("shift", shift), ("scale", scale)):
+        if table.shape != gate.shape:
+            raise ValueError(f"{name}: expected the shape of gate {tuple(gate.shape)}, got {tuple(table.shape)}")
+    check_indices(indices, residual, gate.shape[0])
+    check_eps(eps)
+    mode = resolve_precision(precision, residual)
+    if resolve_backend(backend, residual.device, _indexed_gate_rms_norm_scale_shift_kernel) is Backend.TORCH:
+        return reference_indexed_gate_rms_norm_scale_shift(residual, gate, branch, weight, shift, scale, indices,
+                                                           eps, mode)
+    if residual.numel() == 0:
+        return (torch.empty(residual.shape, dtype=residual.dtype, device=residual.device),
+                torch.empty(residual.shape, dtype=residual.dtype, device=residual.device))
+    return _launch(residual, gate, branch, weight, shift, scale, indices, eps, mode)

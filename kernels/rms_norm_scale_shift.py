@@ -1,0 +1,101 @@
+"""rms_norm_indexed_scale_shift: `out[r] = RMSNorm_w(x[r]) * (1 + scale[i]) + shift[i]`, `i = indices[r]`.
+
+Spec h3-model.md §5.1 (used at §4.3 step 6.2). Private Triton kernel, launcher, torch reference, and the public
+dispatching function; precision modes are described in `kernels.modulation_common`.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.modulation_common import (
+    Backend, Precision, block_config, check_activation, check_eps, check_indices, check_table, check_weight,
+    launch_plan, reference_rms_modulate, resolve_backend, resolve_precision, rows_of,
+)
+from kernels.triton_math import rms_norm_modulate, round_to_bf16
+
+
+@triton.jit
+def _rms_norm_indexed_scale_shift_kernel(
+    out_ptr,  # output, contiguous [B*S, H] in x's dtype; row r at r * hidden
+    x_ptr,  # input activations; row (b, s) at b * stride_x_batch + s * stride_x_row, columns contiguous
+    weight_ptr,  # RMSNorm weight [H], fp32 or bf16, contiguous
+    shift_ptr,  # shift table [K, H]; row k at k * stride_shift_row, columns contiguous
+    scale_ptr,  # scale table [K, H]; row k at k * stride_scale_row, columns contiguous
+    indices_ptr,  # table row per sequence position [S], int32 or int64, contiguous
+    seq_len,  # S: rows per batch item (the indices repeat for every batch item)
+    hidden,  # H: columns per row
+    stride_x_batch,
+    stride_x_row,
+    stride_shift_row,
+    stride_scale_row,
+    row_offset,  # first row of this launch (row chunking)
+    eps,
+    SM90_BF16_AFFINE: tl.constexpr,  # spec §5.3 rounding instead of fp32 with one rounding
+    OUT_BF16: tl.constexpr,  # round the result to bf16 before the store (the store then converts exactly)
+    BLOCK_SIZE: tl.constexpr,  # power of two >= hidden
+):
+    # This program owns one row of x: row = row_offset + program id, i.e. batch item row // S, position row % S.
+    row = tl.program_id(0).to(tl.int64) + row_offset
+    batch = row // seq_len
+    position = row % seq_len
+    table_row = tl.load(indices_ptr + position).to(tl.int64)
+    columns = tl.arange(0, BLOCK_SIZE)
+    mask = columns < hidden
+
+    x = tl.load(x_ptr + batch * stride_x_batch + position * stride_x_row + columns, mask=mask, other=0.0)
+    weight = tl.load(weight_ptr + columns, mask=mask, other=0.0).to(tl.float32)
+    shift = tl.load(shift_ptr + table_row * stride_shift_row + columns, mask=mask, other=0.0)
+    scale = tl.load(scale_ptr + table_row * stride_scale_row + columns, mask=mask, other=0.0)
+    out = rms_norm_modulate(x.to(tl.float32), weight, shift, scale, mask, hidden, eps, SM90_BF16_AFFINE)
+    if OUT_BF16:
+        out = round_to_bf16(out)
+    tl.store(out_ptr + row * hidden + columns, out, mask=mask)
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, indices: torch.Tensor,
+            eps: float, precision: Precision) -> torch.Tensor:
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rows, seq_len, stride_batch, stride_row = rows_of(x)
+    hidden = x.shape[-1]
+    block, warps = block_config(hidden)
+    for row_offset, grid_rows in launch_plan(rows, x.device):
+        _rms_norm_indexed_scale_shift_kernel[(grid_rows,)](
+            out, x, weight, shift, scale, indices, seq_len, hidden, stride_batch, stride_row,
+            shift.stride(0), scale.stride(0), row_offset, float(eps),
+            SM90_BF16_AFFINE=precision is Precision.SM90_BF16_AFFINE, OUT_BF16=x.dtype == torch.bfloat16,
+            BLOCK_SIZE=block, num_warps=warps, enable_fp_fusion=False,  # no FMA: each op rounds like torch's
+        )
+    return out
+
+
+def reference_rms_norm_indexed_scale_shift(x: torch.Tensor, weight: torch.Tensor, shift: torch.Tensor,
+                                           scale: torch.Tensor, indices: torch.Tensor, eps: float,
+                                           precision: Precision) -> torch.Tensor:
+    """Eager torch semantics of the op in the given mode (also the CPU path)."""
+    out = reference_rms_modulate(x.float(), weight, shift[indices], scale[indices], eps, precision)
+    return out.to(x.dtype)
+
+
+def rms_norm_indexed_scale_shift(x: torch.Tensor, weight: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
+                                 indices: torch.Tensor, eps: float, *, precision: Precision | str | None = None,
+                                 backend: Backend | str | None = None) -> torch.Tensor:
+    """RMSNorm then indexed AdaLN affine; returns a new contiguous tensor shaped like x.
+
+    x: [R, H] or [B, S, H]; weight [H]; shift, scale [K, H] (row views allowed); indices [S] in [0, K).
+    """
+    check_activation("x", x)
+    check_weight(weight, x)
+    check_table("shift", shift, x)
+    check_table("scale", scale, x)
+    if scale.shape != shift.shape:
+        raise ValueError(f"scale: expected the shape of shift {tuple(shift.shape)}, got {tuple(scale.shape)}")
+    check_indices(indices, x, shift.shape[0])
+    check_eps(eps)
+    mode = resolve_precision(precision, x)
+    if resolve_backend(backend, x.device, _rms_norm_indexed_scale_shift_kernel) is Backend.TORCH:
+        return reference_rms_norm_indexed_scale_shift(x, weight, shift, scale, indices, eps, mode)
+    if x.numel() == 0:
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return _launch(x, weight, shift, scale, indices, eps, mode)

@@ -1,0 +1,86 @@
+"""indexed_scale_shift_: in place `x[r] <- x[r] * (1 + scale[i]) + shift[i]`, `i = indices[r]`.
+
+Spec h3-model.md §5.1 (final layer, after `norm_out.norm`, with `indices = timestep_indices`). fp32 math with one
+rounding at the store in both precision modes (§5.3 leaves this op generic; `precision` is still resolved and
+checked so a bad knob fails here too). Private Triton kernel, launcher, torch reference, public function.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.modulation_common import (
+    Backend, Precision, block_config, check_activation, check_indices, check_table, launch_plan, resolve_backend,
+    resolve_precision, rows_of,
+)
+from kernels.triton_math import round_to_bf16
+
+
+@triton.jit
+def _indexed_scale_shift_kernel(
+    x_ptr,  # activations, read and overwritten; row (b, s) at b * stride_x_batch + s * stride_x_row
+    shift_ptr,  # shift table [K, H]; row k at k * stride_shift_row, columns contiguous
+    scale_ptr,  # scale table [K, H]; row k at k * stride_scale_row, columns contiguous
+    indices_ptr,  # table row per sequence position [S], int32 or int64, contiguous
+    seq_len,  # S: rows per batch item
+    hidden,  # H: columns per row
+    stride_x_batch,
+    stride_x_row,
+    stride_shift_row,
+    stride_scale_row,
+    row_offset,  # first row of this launch (row chunking)
+    OUT_BF16: tl.constexpr,  # x is bf16: round before the store
+    BLOCK_SIZE: tl.constexpr,  # power of two >= hidden
+):
+    # This program owns one row of x: row = row_offset + program id, i.e. batch item row // S, position row % S.
+    row = tl.program_id(0).to(tl.int64) + row_offset
+    batch = row // seq_len
+    position = row % seq_len
+    table_row = tl.load(indices_ptr + position).to(tl.int64)
+    columns = tl.arange(0, BLOCK_SIZE)
+    mask = columns < hidden
+
+    x_row_ptr = x_ptr + batch * stride_x_batch + position * stride_x_row + columns
+    x = tl.load(x_row_ptr, mask=mask, other=0.0).to(tl.float32)
+    shift = tl.load(shift_ptr + table_row * stride_shift_row + columns, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.load(scale_ptr + table_row * stride_scale_row + columns, mask=mask, other=0.0).to(tl.float32)
+    out = x * (1.0 + scale) + shift
+    if OUT_BF16:
+        out = round_to_bf16(out)
+    tl.store(x_row_ptr, out, mask=mask)
+
+
+def _launch(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, indices: torch.Tensor) -> None:
+    rows, seq_len, stride_batch, stride_row = rows_of(x)
+    block, warps = block_config(x.shape[-1])
+    for row_offset, grid_rows in launch_plan(rows, x.device):
+        _indexed_scale_shift_kernel[(grid_rows,)](
+            x, shift, scale, indices, seq_len, x.shape[-1], stride_batch, stride_row,
+            shift.stride(0), scale.stride(0), row_offset,
+            OUT_BF16=x.dtype == torch.bfloat16, BLOCK_SIZE=block, num_warps=warps,
+            enable_fp_fusion=False,  # no FMA: each op rounds like torch's
+        )
+
+
+def reference_indexed_scale_shift(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
+                                  indices: torch.Tensor) -> torch.Tensor:
+    """x * (1 + scale[i]) + shift[i] in fp32, one rounding to x's dtype; returns a new tensor."""
+    return (x.float() * (1.0 + scale[indices].float()) + shift[indices].float()).to(x.dtype)
+
+
+def indexed_scale_shift_(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, indices: torch.Tensor, *,
+                         precision: Precision | str | None = None, backend: Backend | str | None = None) -> torch.Tensor:
+    """Indexed AdaLN affine written into x; returns x. x: [R, H] or [B, S, H]; shift, scale [K, H]; indices [S]."""
+    check_activation("x", x)
+    check_table("shift", shift, x)
+    check_table("scale", scale, x)
+    if scale.shape != shift.shape:
+        raise ValueError(f"scale: expected the shape of shift {tuple(shift.shape)}, got {tuple(scale.shape)}")
+    check_indices(indices, x, shift.shape[0])
+    resolve_precision(precision, x)  # same semantics in every mode; resolved only to refuse bad values
+    if resolve_backend(backend, x.device, _indexed_scale_shift_kernel) is Backend.TORCH:
+        return x.copy_(reference_indexed_scale_shift(x, shift, scale, indices))
+    if x.numel() > 0:
+        _launch(x, shift, scale, indices)
+    return x

@@ -1,0 +1,112 @@
+"""Sweep records in Redis (stdlib + redis only, shared by the API and the sweep worker).
+
+Keys, templated here only (`redis-cli` then shows a sweep's life):
+  h3batch:sweep:<id>          JSON record {id, status, origin, created_at, started_at, finished_at, request,
+                              point_ids, summary, error}
+  h3batch:sweep:<id>:points   hash point id -> JSON point record (§15.1.5)
+  h3batch:sweeps              sorted set of sweep ids scored by creation time
+  h3batch:beat:lock           the single-beat lock (token of the holder, with expiry)
+Records have no expiry: they are the durable index of results; the JSON files in the results directory mirror them.
+"""
+from __future__ import annotations
+
+import json
+import time
+from enum import Enum
+
+import redis
+
+SWEEP_KEY = "h3batch:sweep:{sweep_id}"
+POINTS_KEY = "h3batch:sweep:{sweep_id}:points"
+INDEX_KEY = "h3batch:sweeps"
+BEAT_LOCK_KEY = "h3batch:beat:lock"
+
+
+class SweepStatus(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class PointStatus(str, Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    PASSED = "passed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _text(value) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def create_sweep(r: redis.Redis, sweep_id: str, request: dict, point_ids: list[str], origin: str) -> dict:
+    """Write a queued sweep and its pending points in one transaction."""
+    record = {"id": sweep_id, "status": SweepStatus.QUEUED.value, "origin": origin, "created_at": utc_now(),
+              "started_at": None, "finished_at": None, "request": request, "point_ids": point_ids,
+              "summary": None, "error": None}
+    pipe = r.pipeline(transaction=True)
+    pipe.set(SWEEP_KEY.format(sweep_id=sweep_id), json.dumps(record))
+    if point_ids:
+        pipe.hset(POINTS_KEY.format(sweep_id=sweep_id),
+                  mapping={pid: json.dumps({"id": pid, "status": PointStatus.PENDING.value}) for pid in point_ids})
+    pipe.zadd(INDEX_KEY, {sweep_id: time.time()})
+    pipe.execute()
+    return record
+
+
+def get_record(r: redis.Redis, sweep_id: str) -> dict | None:
+    raw = _text(r.get(SWEEP_KEY.format(sweep_id=sweep_id)))
+    return json.loads(raw) if raw else None
+
+
+def update_record(r: redis.Redis, sweep_id: str, **fields) -> dict:
+    """Set top-level fields of a sweep record (optimistic transaction against concurrent writers)."""
+    key = SWEEP_KEY.format(sweep_id=sweep_id)
+    with r.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(key)
+                raw = _text(pipe.get(key))
+                if raw is None:
+                    raise KeyError(f"sweep {sweep_id} has no record")
+                record = {**json.loads(raw), **fields}
+                pipe.multi()
+                pipe.set(key, json.dumps(record))
+                pipe.execute()
+                return record
+            except redis.WatchError:
+                continue
+
+
+def put_point(r: redis.Redis, sweep_id: str, point: dict) -> None:
+    r.hset(POINTS_KEY.format(sweep_id=sweep_id), point["id"], json.dumps(point))
+
+
+def get_points(r: redis.Redis, sweep_id: str) -> dict[str, dict]:
+    raw = r.hgetall(POINTS_KEY.format(sweep_id=sweep_id))
+    return {_text(k): json.loads(_text(v)) for k, v in raw.items()}
+
+
+def get_sweep(r: redis.Redis, sweep_id: str) -> dict | None:
+    """The record with its points in grid order."""
+    record = get_record(r, sweep_id)
+    if record is None:
+        return None
+    stored = get_points(r, sweep_id)
+    record["points"] = [stored.get(pid, {"id": pid, "status": PointStatus.PENDING.value})
+                        for pid in record["point_ids"]]
+    return record
+
+
+def list_sweeps(r: redis.Redis, limit: int = 50) -> list[dict]:
+    """Newest first, records without their points."""
+    ids = [_text(i) for i in r.zrevrange(INDEX_KEY, 0, limit - 1)]
+    records = [get_record(r, i) for i in ids]
+    return [rec for rec in records if rec is not None]

@@ -1,0 +1,127 @@
+"""Driver and server command lines (§12): the invalid-configuration matrix and exit statuses via subprocesses."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, common_args, start_server_process, stop_process
+from loadrunner.config import parse_config
+
+BASE = ["--model", "m", "--input-wav", "x.wav", "--sessions", "2"]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--sessions", "0"], "load mode requires sessions in [1,64] and load-frames in [1,10000]"),
+    (["--sessions", "65"], "load mode requires sessions in [1,64] and load-frames in [1,10000]"),
+    (["--load-frames", "0"], "load mode requires sessions in [1,64] and load-frames in [1,10000]"),
+    (["--load-frames", "10001"], "load mode requires sessions in [1,64] and load-frames in [1,10000]"),
+    (["--drain-s", "nan"], "drain_s must be finite and non-negative (timeout must be positive)"),
+    (["--tail-s", "-1"], "tail_s must be finite and non-negative (timeout must be positive)"),
+    (["--timeout-s", "0"], "timeout_s must be finite and non-negative (timeout must be positive)"),
+    (["--timeout-s", "inf"], "timeout_s must be finite and non-negative (timeout must be positive)"),
+    (["--cleanup-timeout-s", "0"], "cleanup_timeout_s must be finite and non-negative (timeout must be positive)"),
+    (["--cleanup-timeout-s", "nan"], "cleanup_timeout_s must be finite and non-negative (timeout must be positive)"),
+    (["--max-client-rtf", "-1"], "max-client-rtf must be finite and positive"),
+    (["--max-stream-rtf", "0"], "max-stream-rtf must be finite and positive"),
+    (["--max-stream-rtf", "nan"], "max-stream-rtf must be finite and positive"),
+    (["--max-lag-drift-ms", "-1"], "max-lag-drift-ms must be finite and non-negative"),
+    (["--max-lag-drift-ms", "inf"], "max-lag-drift-ms must be finite and non-negative"),
+    (["--max-frame-deficit", "-1"], "frame-deficit must be non-negative; voiced frames and audio chunks must be "
+                                    "positive"),
+    (["--minimum-audio-chunks", "0"], "frame-deficit must be non-negative; voiced frames and audio chunks must be "
+                                      "positive"),
+    (["--min-voiced-frames", "0"], "frame-deficit must be non-negative; voiced frames and audio chunks must be "
+                                   "positive"),
+    (["--voiced-frame-rms-threshold", "nan"], "voiced-frame-rms-threshold must be finite and non-negative"),
+])
+def test_invalid_load_configuration(flags, message, capsys):
+    """Each §12 rejection exits 2 with usage and its exact message on stderr."""
+    with pytest.raises(SystemExit) as info:
+        parse_config(BASE + flags)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ") and err.rstrip().endswith(f"error: {message}")
+
+
+def test_defaults():
+    """Defaults follow §12, including the relative ./duplex-results output directory."""
+    c = parse_config(["--model", "m", "--input-wav", "x.wav"])
+    assert (c.output_dir, c.url, c.voice, c.tail_s, c.drain_s, c.timeout_s, c.cleanup_timeout_s) == (
+        "./duplex-results", "ws://127.0.0.1:8099/v1/realtime?duplex=1", "NATF2.pt", 2.0, 2.0, 180.0, 5.0)
+    assert (c.max_frame_deficit, c.min_voiced_frames, c.minimum_audio_chunks, c.load_frames) == (4, 5, 2, 1000)
+    assert c.voiced_frame_rms_threshold == 1e-3 and c.max_client_rtf is None
+
+
+def test_lifecycle_skips_load_validation():
+    """Load validation runs only with --sessions: lifecycle accepts --drain-s nan at parse time."""
+    assert parse_config(["--model", "m", "--input-wav", "x.wav", "--drain-s", "nan"]).sessions is None
+
+
+def driver(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "loadrunner.duplex", *args], capture_output=True, text=True,
+                          timeout=60, cwd=cwd or REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+
+
+@pytest.fixture(scope="module")
+def fixture_servers():
+    """A `success` and a `silent` reference server, each in its own `h3batch duplex-server` process."""
+    procs = {mode: start_server_process(["--mode", mode, "--port", "0"]) for mode in ("success", "silent")}
+    yield {mode: url for mode, (_, url) in procs.items()}
+    for proc, _ in procs.values():
+        stop_process(proc)
+
+
+def test_exit_status_ok_and_not_ok(fixture_servers, fixture_wav, tmp_path):
+    """`python -m loadrunner.duplex` exits 0 for an ok report, 1 for a not-ok one; both print the report."""
+    ok = driver(common_args(fixture_wav, tmp_path / "a", fixture_servers["success"]))
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["ok"] is True
+    bad = driver(common_args(fixture_wav, tmp_path / "b", fixture_servers["silent"]))
+    assert bad.returncode == 1
+    assert json.loads(bad.stdout)["ok"] is False and (tmp_path / "b" / "load-result.json").exists()
+
+
+def test_exit_status_failures(fixture_servers, fixture_wav, tmp_path):
+    """An existing report, a SHA mismatch (one line, no traceback) exit 1; a bad argument exits 2."""
+    url = fixture_servers["success"]
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "load-result.json").write_text("previous measurement")
+    exists = driver(common_args(fixture_wav, tmp_path / "c", url))
+    assert exists.returncode == 1 and "FileExistsError" in exists.stderr and "Traceback" not in exists.stderr
+    mismatch = driver(common_args(fixture_wav, tmp_path / "d", url) + ["--expected-input-sha256", "0" * 64])
+    assert mismatch.returncode == 1 and "input WAV SHA-256 mismatch" in mismatch.stderr
+    assert not (tmp_path / "d" / "load-result.json").exists()
+    bad = driver(common_args(fixture_wav, tmp_path / "e", url) + ["--sessions", "65"])
+    assert bad.returncode == 2 and bad.stderr.rstrip().endswith(
+        "load mode requires sessions in [1,64] and load-frames in [1,10000]")
+
+
+def test_default_output_dir_is_relative(fixture_servers, fixture_wav, tmp_path):
+    """Without --output-dir the report lands in ./duplex-results under the working directory."""
+    args = [a for a in common_args(fixture_wav, tmp_path, fixture_servers["success"])]
+    i = args.index("--output-dir")
+    del args[i:i + 2]
+    result = driver(args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "duplex-results" / "load-result.json").exists()
+
+
+def test_h3batch_routes_duplex(fixture_servers, fixture_wav, tmp_path):
+    """`h3batch duplex` reaches the same driver through worker/cli.py."""
+    h3batch = Path(sys.executable).parent / "h3batch"
+    result = subprocess.run([str(h3batch), "duplex", *common_args(fixture_wav, tmp_path / "o",
+                                                                   fixture_servers["success"])],
+                            capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr
+
+
+def test_server_rejects_bad_arguments():
+    """The reference server exits 2 with one error line for an unknown mode."""
+    result = subprocess.run([sys.executable, "-m", "loadrunner.server", "--mode", "nope"], capture_output=True,
+                            text=True, timeout=30, cwd=REPO_ROOT)
+    assert result.returncode == 2 and "invalid choice: 'nope'" in result.stderr

@@ -1,0 +1,177 @@
+"""Reference server realtime mode (§2-§4, §15.2) over real WebSockets, and lifecycle mode (§7) against it."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from conftest import write_wav
+from loadrunner.config import parse_config
+from loadrunner.lifecycle import run_lifecycle
+from loadrunner.load import run_load
+from loadrunner.protocol import session_update
+from loadrunner.server import DuplexServer, ServerConfig
+
+
+@pytest.fixture
+def voiced_wav(tmp_path):
+    """0.8 s of a 220 Hz tone at 0.3: audible when echoed."""
+    t = np.arange(19200) / 24000
+    return write_wav(tmp_path / "tone.wav", np.round(0.3 * np.sin(2 * np.pi * 220 * t) * 32767))
+
+
+async def recv_until(ws, event_type: str, timeout: float = 3.0) -> tuple[dict, list[dict]]:
+    seen = []
+    async with asyncio.timeout(timeout):
+        while True:
+            event = json.loads(await ws.recv())
+            seen.append(event)
+            if event["type"] == event_type:
+                return event, seen
+
+
+def test_capacity_envelope_and_slot_release():
+    """A third open gets the exact resource_exhausted envelope; a close frees the slot before session.closed."""
+    async def scenario():
+        async with DuplexServer(ServerConfig(max_sessions=2)) as server:
+            url = server.url + "?duplex=1&model=m&autostart=0"
+            a, b, c = [await connect(url) for _ in range(3)]
+            for ws in (a, b):
+                await ws.send(session_update("m", "NATF2.pt", "p"))
+                created, seen = await recv_until(ws, "session.created")
+            await c.send(session_update("m", "NATF2.pt", "p"))
+            error, _ = await recv_until(c, "error")
+            await a.send(json.dumps({"type": "session.close"}))
+            closed, after = await recv_until(a, "session.closed")
+            with pytest.raises(ConnectionClosed) as info:
+                await a.recv()
+            await c.send(session_update("m", "NATF2.pt", "p"))
+            replacement, _ = await recv_until(c, "session.created")
+            for ws in (b, c):
+                await ws.close()
+            return created, seen, error, closed, info.value, replacement
+
+    created, seen, error, closed, close_exc, replacement = asyncio.run(scenario())
+    assert error["error"] == {"type": "rate_limit_error", "code": "resource_exhausted",
+                              "message": "duplex_session_capacity_exhausted: limit=2", "retryable": True}
+    assert error["event_id"].startswith("event_") and len(error["event_id"]) == 6 + 32
+    assert "server_event_seq" not in created and created["session"]["id"].startswith("duplex-")
+    assert created["session"]["capabilities"]["supports_multi_session_same_replica"] is True
+    assert closed["reason"] == "client_close" and closed["event"] == {"type": "session.closed",
+                                                                      "reason": "client_close"}
+    assert close_exc.rcvd.code == 1000 and close_exc.rcvd.reason == "client_close"
+    assert replacement["session"]["id"] != created["session"]["id"]
+
+
+def test_first_message_rules():
+    """autostart=0 requires session.update first; silence gets config_timeout, bad voices and owned keys refused."""
+    async def scenario():
+        async with DuplexServer(ServerConfig(first_message_timeout_s=0.2)) as server:
+            url = server.url + "?duplex=1&model=m&autostart=0"
+            async with connect(url) as ws:
+                timeout, _ = await recv_until(ws, "error")
+            async with connect(url) as ws:
+                await ws.send("not json")
+                bad_json, _ = await recv_until(ws, "error")
+            async with connect(url) as ws:
+                await ws.send(session_update("m", "../NATF2.pt", "p"))
+                voice, _ = await recv_until(ws, "error")
+                update = json.loads(session_update("m", "NATF2.pt", "p"))
+                update["session"]["extra_body"]["personaplex_model_path"] = "/x"
+                await ws.send(json.dumps(update))
+                owned, _ = await recv_until(ws, "error")
+            return timeout, bad_json, voice, owned, server.admission.held
+
+    timeout, bad_json, voice, owned, held = asyncio.run(scenario())
+    assert timeout["error"]["code"] == "config_timeout" and bad_json["error"]["code"] == "invalid_json"
+    assert voice["error"]["code"] == "invalid_voice" and owned["error"]["code"] == "invalid_session_config"
+    assert held == 0
+
+
+def test_realtime_stream_order_and_sequence(voiced_wav):
+    """Realtime output: response events before the first 1-frame packet, transcript after each packet, seq from 1."""
+    async def scenario():
+        async with DuplexServer(ServerConfig()) as server:
+            async with connect(server.url + "?duplex=1&model=m&autostart=0") as ws:
+                await ws.send(session_update("m", "NATF2.pt", "p"))
+                frame = {"type": "input_audio_buffer.append", "format": "pcm_f32le", "sample_rate_hz": 24000}
+                import base64
+                payload = base64.b64encode(np.full(1920 * 6, 0.25, "<f4").tobytes()).decode()
+                await ws.send(json.dumps({**frame, "audio": payload}))
+                events = []
+                async with asyncio.timeout(3):
+                    while sum(e["type"] == "response.output_audio_transcript.delta" for e in events) < 2:
+                        events.append(json.loads(await ws.recv()))
+                await ws.send(json.dumps({**frame, "audio": payload, "sample_rate_hz": 16000}))
+                rate_error, _ = await recv_until(ws, "error")
+                return events, rate_error
+
+    events, rate_error = asyncio.run(scenario())
+    types = [e["type"] for e in events]
+    assert types[:8] == ["session.created", "session.updated", "response.created", "conversation.item.added",
+                         "conversation.item.created", "response.output_item.added", "response.content_part.added",
+                         "response.speak"]
+    packets = [e for e in events if e["type"] == "response.output_audio.delta"]
+    assert [len(p["delta"]) for p in packets] == [5120, 5 * 5120]
+    assert types[types.index("response.output_audio.delta") + 1] == "response.output_audio_transcript.delta"
+    assert packets[0]["metadata"]["vllm_omni"]["runtime_impl"] == "scheduler_data_plane"
+    assert [e["server_event_seq"] for e in events[1:]] == list(range(1, len(events)))
+    assert rate_error["error"]["code"] == "runtime_append_failed" and rate_error["error"]["type"] == "server_error"
+
+
+def test_lifecycle_against_realtime_server(voiced_wav, tmp_path):
+    """Lifecycle mode passes on a 2-slot realtime server: N+1 refused, slot recycled, replacement fresh."""
+    config = parse_config(["--model", "m", "--input-wav", str(voiced_wav), "--output-dir", str(tmp_path / "life"),
+                           "--tail-s", "0.16", "--drain-s", "0.3", "--timeout-s", "5", "--url", "PLACEHOLDER"])
+
+    async def scenario():
+        async with DuplexServer(ServerConfig(max_sessions=2)) as server:
+            from dataclasses import replace
+            return await run_lifecycle(replace(config, url=server.url))
+
+    result = asyncio.run(scenario())
+    assert result["ok"] is True and result["overflow_error_code"] == "resource_exhausted"
+    ids = {result[r]["session_id"] for r in ("primary", "secondary", "replacement")}
+    assert len(ids) == 3
+    assert result["secondary"]["input_frames"] == 2 * result["primary"]["input_frames"]
+    assert result["secondary"]["continuation_frames_after_recycle"] == result["primary"]["input_frames"]
+    for name in ("result.json", "primary-events.jsonl", "primary-output.wav", "secondary-output.wav",
+                 "replacement-output.wav"):
+        assert (tmp_path / "life" / name).exists()
+
+
+def load_against(server_config: ServerConfig, wav, out, sessions: int, frames: int, *extra: str) -> dict:
+    async def scenario():
+        async with DuplexServer(server_config) as server:
+            config = parse_config(["--url", server.url, "--model", "m", "--input-wav", str(wav), "--output-dir",
+                                   str(out), "--sessions", str(sessions), "--load-frames", str(frames),
+                                   "--tail-s", "0", "--drain-s", "0.3", "--timeout-s", "5", *extra])
+            return await run_load(config)
+    return asyncio.run(scenario())
+
+
+def test_realtime_load_passes_and_tracks_real_time(voiced_wav, tmp_path):
+    """Paced load against realtime echo: every session passes with no deficit and stream RTF near 1."""
+    report = load_against(ServerConfig(max_sessions=4), voiced_wav, tmp_path / "o", 3, 10)
+    assert report["ok"] is True, [r["error"] for r in report["sessions"]]
+    for row in report["sessions"]:
+        assert row["frame_deficit"] == 0 and row["client_first_text_after_stream_start_ms"] is not None
+        assert row["server_stream_rtf"] == pytest.approx(1.0, abs=0.15)
+
+
+def test_one_slot_server_fails_load_admission(voiced_wav, tmp_path):
+    """With max_sessions 1 the multi-session flags are false, so even --sessions 1 fails admission."""
+    report = load_against(ServerConfig(max_sessions=1), voiced_wav, tmp_path / "o", 1, 3)
+    assert report["sessions"][0]["error"] == "admission: AssertionError"
+
+
+def test_frame_cost_shows_the_knee(voiced_wav, tmp_path):
+    """Two sessions at 60 ms per frame on one serial worker exceed real time: stream RTF above 1."""
+    report = load_against(ServerConfig(max_sessions=2, frame_cost_ms=60), voiced_wav, tmp_path / "o", 2, 10,
+                          "--drain-s", "1.0")
+    rtfs = [row["server_stream_rtf"] for row in report["sessions"]]
+    assert all(r is not None and r > 1.2 for r in rtfs), rtfs

@@ -1,0 +1,187 @@
+"""Sweeps end to end: API → real Redis → real `h3batch sweep-worker` → reference server subprocess → records,
+summary JSON/CSV and PNG plots; the single-beat lock with a scheduled sweep; request validation."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from api import create_app
+from conftest import REPO_ROOT, start_server_process, stop_process
+from loadrunner.sweep_settings import SweepSettings
+from loadrunner.sweep_spec import parse_sweep_request, points
+from loadrunner.sweep_store import BEAT_LOCK_KEY, create_sweep, get_sweep
+
+H3BATCH = str(Path(sys.executable).parent / "h3batch")
+SMALL = {"sessions": [1, 2], "load_frames": [6], "drain_s": 0.3, "tail_s": 0.0, "timeout_s": 5.0,
+         "cleanup_timeout_s": 1.0, "min_voiced_frames": 1, "minimum_audio_chunks": 1,
+         "labels": {"server_revision": "reference", "server_hardware": "cpu-loopback"}}
+
+
+@pytest.fixture(scope="module")
+def reference_url():
+    proc, url = start_server_process(["--mode", "realtime", "--port", "0", "--max-sessions", "8"])
+    yield url
+    stop_process(proc)
+
+
+@pytest.fixture(scope="module")
+def results_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("sweep-results")
+
+
+@pytest.fixture(scope="module")
+def sweep_env(redis_url, results_dir) -> dict:
+    return {**os.environ, "H3BATCH_REDIS_URL": redis_url, "H3BATCH_SWEEP_RESULTS_DIR": str(results_dir),
+            "PYTHONPATH": str(REPO_ROOT)}
+
+
+@pytest.fixture(scope="module")
+def worker(sweep_env, redis_url):
+    """A real `h3batch sweep-worker` process on a flushed Redis."""
+    redis.Redis.from_url(redis_url).flushdb()
+    proc = subprocess.Popen([H3BATCH, "sweep-worker", "--without-gossip", "--without-mingle"], env=sweep_env,
+                            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    yield proc
+    stop_process(proc)
+
+
+@pytest.fixture
+def client(redis_url, results_dir):
+    app = create_app({"TESTING": True, "REDIS_URL": redis_url, "API_KEYS": [],
+                      "SWEEP_RESULTS_DIR": str(results_dir)})
+    return app.test_client()
+
+
+def wait_done(client, sweep_id: str, timeout: float = 90.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = client.get(f"/sweeps/{sweep_id}").get_json()
+        if body["status"] in ("done", "failed"):
+            return body
+        time.sleep(0.25)
+    pytest.fail(f"sweep {sweep_id} did not finish in {timeout} s: {body}")
+
+
+def test_sweep_end_to_end(worker, client, reference_url, redis_url, results_dir):
+    """POST /sweeps runs one load per point through the worker, stores records, summary, reports and plots."""
+    created = client.post("/sweeps", json={**SMALL, "url": reference_url})
+    assert created.status_code == 202, created.get_json()
+    sweep_id = created.get_json()["id"]
+    assert created.headers["Location"].endswith(f"/sweeps/{sweep_id}")
+    body = wait_done(client, sweep_id)
+    assert body["status"] == "done", body
+    assert [p["id"] for p in body["points"]] == ["n01-f6-r0", "n02-f6-r0"]
+    for point in body["points"]:
+        assert point["status"] == "passed" and point["ok"] is True and point["exit_status"] == 0
+        assert point["passed_sessions"] == point["sessions"]
+        assert point["aggregates"]["client_send_lateness_p99_ms"]["count"] == point["sessions"]
+        report_path = Path(point["report_path"])
+        assert report_path.parent == results_dir / sweep_id / point["id"]
+        assert json.loads(report_path.read_text())["reported_server"] == {"revision": "reference",
+                                                                          "hardware": "cpu-loopback"}
+    rows = body["summary"]["points"]
+    assert all(r["send_lateness_p99_ms"] is not None and r["first_audio_ms"] is not None
+               and r["client_stream_rtf"] is not None for r in rows)
+    assert body["summary"]["capacity_sessions"] == {"6": 2}
+    plot = client.get(body["links"]["plots"]["send_lateness_p99"])
+    assert plot.status_code == 200 and plot.data.startswith(b"\x89PNG")
+    report = client.get(body["links"]["reports"]["n02-f6-r0"])
+    assert report.status_code == 200 and report.get_json()["requested_sessions"] == 2
+    summary_file = json.loads((results_dir / sweep_id / "summary.json").read_text())
+    assert summary_file == body["summary"]
+    assert (results_dir / sweep_id / "summary.csv").read_text().startswith("point_id,sessions")
+    r = redis.Redis.from_url(redis_url)
+    assert r.exists(f"h3batch:sweep:{sweep_id}") and r.hlen(f"h3batch:sweep:{sweep_id}:points") == 2
+    assert r.zscore("h3batch:sweeps", sweep_id) is not None
+    listed = client.get("/sweeps").get_json()["sweeps"]
+    assert sweep_id in [s["id"] for s in listed]
+
+
+def test_existing_report_is_ingested_not_rerun(redis_url, results_dir, tmp_path):
+    """A point directory that already holds load-result.json is ingested; the dead server URL is never dialled."""
+    from loadrunner.sweep_tasks import execute_point
+
+    request = parse_sweep_request({**SMALL, "url": "ws://127.0.0.1:9/v1/realtime", "sessions": [1]})
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    create_sweep(r, "sw_00000000000000aa", request.to_dict(), [p.id for p in points(request)], "test")
+    point_dir = results_dir / "sw_00000000000000aa" / "n01-f6-r0"
+    point_dir.mkdir(parents=True)
+    stored = {"ok": True, "requested_sessions": 1, "passed_sessions": 1, "sessions": [
+        {"index": 0, "ok": True, "client_send_lateness_ms": {"p99": 1.5, "median": 0.5}, "client_stream_rtf": 1.1}]}
+    (point_dir / "load-result.json").write_text(json.dumps(stored))
+    settings = SweepSettings(redis_url=redis_url, results_dir=results_dir)
+    entry = execute_point(settings, r, "sw_00000000000000aa", "n01-f6-r0")
+    assert entry["ingested"] is True and entry["status"] == "passed"
+    assert entry["aggregates"]["client_send_lateness_p99_ms"] == {"count": 1, "median": 1.5, "max": 1.5}
+    assert get_sweep(r, "sw_00000000000000aa")["points"][0]["status"] == "passed"
+
+
+@pytest.mark.parametrize("body,fragment", [
+    ({"url": "http://x", "sessions": [1]}, "`url` must be a ws:// or wss:// URL"),
+    ({"url": "ws://x", "sessions": [0]}, "`sessions` values must be in [1,64]"),
+    ({"url": "ws://x", "sessions": [1], "timeout_s": 0}, "timeout_s must be finite and non-negative"),
+    ({"url": "ws://x", "sessions": [1], "bogus": 1}, "unknown sweep fields: ['bogus']"),
+    ({"url": "ws://x", "sessions": [1], "repetitions": 99}, "`repetitions` must be in [1,16]"),
+])
+def test_invalid_sweep_is_refused(client, body, fragment):
+    """Bad grids get 400 invalid_sweep with the reason, before anything is queued."""
+    response = client.post("/sweeps", json=body)
+    assert response.status_code == 400
+    error = response.get_json()["error"]
+    assert error["code"] == "invalid_sweep" and fragment in error["message"] and error["retryable"] is False
+
+
+def test_unknown_sweep_and_file(client):
+    """Unknown sweeps and files answer 404 in the JSON error shape."""
+    assert client.get("/sweeps/sw_0123456789abcdef").get_json()["error"]["code"] == "sweep_not_found"
+    assert client.get("/sweeps/../etc").status_code == 404
+    missing = client.get("/sweeps/sw_0123456789abcdef/files/summary.json")
+    assert missing.status_code == 404 and missing.get_json()["error"]["code"] == "file_not_found"
+
+
+def test_single_beat_and_scheduled_sweep(worker, sweep_env, reference_url, redis_url, client, tmp_path):
+    """`h3batch beat` takes the lock and fires its schedule; a second beat exits 1 with one line; exit releases."""
+    schedule = [{"name": "smoke", "every_s": 3600, "run_on_start": True,
+                 "sweep": {**SMALL, "url": reference_url, "sessions": [1], "load_frames": [4]}}]
+    env = {**sweep_env, "H3BATCH_SWEEP_SCHEDULE": json.dumps(schedule), "H3BATCH_BEAT_LOCK_TTL_S": "6",
+           "H3BATCH_BEAT_SCHEDULE_FILE": str(tmp_path / "beat-schedule")}
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    first = subprocess.Popen([H3BATCH, "beat"], env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not r.exists(BEAT_LOCK_KEY) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert r.exists(BEAT_LOCK_KEY)
+        second = subprocess.run([H3BATCH, "beat"], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+                                timeout=30)
+        assert second.returncode == 1
+        assert second.stderr.strip().splitlines()[-1].startswith("h3batch beat: another beat instance holds")
+        deadline = time.monotonic() + 90
+        scheduled = []
+        while time.monotonic() < deadline:
+            scheduled = [s for s in client.get("/sweeps").get_json()["sweeps"] if s["origin"] == "schedule:smoke"]
+            if scheduled and scheduled[0]["status"] == "done":
+                break
+            time.sleep(0.25)
+        assert scheduled and scheduled[0]["status"] == "done", scheduled
+        assert client.get(f"/sweeps/{scheduled[0]['id']}").get_json()["points"][0]["status"] == "passed"
+    finally:
+        stop_process(first)
+    assert not r.exists(BEAT_LOCK_KEY)
+
+
+def test_beat_refuses_invalid_schedule(sweep_env):
+    """An invalid schedule stops `h3batch beat` with exit 2 and one line naming the variable."""
+    env = {**sweep_env, "H3BATCH_SWEEP_SCHEDULE": '[{"name": "x", "sweep": {}}]'}
+    result = subprocess.run([H3BATCH, "beat"], env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("h3batch beat: H3BATCH_SWEEP_SCHEDULE is invalid: H3BATCH_SWEEP_SCHEDULE "
+                                     "entry 0: expected exactly one of `every_s` or `cron`")

@@ -1,0 +1,13 @@
+"""Native DiT tests run on two CPU threads (the machine is shared)."""
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _two_threads():
+    """Keep each test on the 2 shared CPU cores and deterministic."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(previous)

@@ -1,0 +1,52 @@
+"""The Celery app: JSON-only messages, one `render` queue for GPU workers, settings for long GPU tasks (spec §3).
+
+`make_celery(redis_url)` builds a configured app; the API calls it to *send* (by task name, never importing
+worker.tasks, so no torch), the worker to consume. `app` below is the instance `celery -A worker.celery_app` finds.
+"""
+from __future__ import annotations
+
+from celery import Celery
+
+from worker import defaults
+from worker.settings import Settings
+
+
+def make_celery(redis_url: str, *, max_run_s: int = defaults.MAX_RUN_S, include_tasks: bool = False) -> Celery:
+    """A Celery app on `redis_url`; `include_tasks` registers worker.tasks (consumers only)."""
+    celery = Celery("h3batch", broker=redis_url, include=["worker.tasks"] if include_tasks else [])
+    # Redelivery of an unacked message after this long: keep it above the longest render (§3 pitfall 1), and set it
+    # in all three places because apps sharing a Redis otherwise fall back to the shortest value.
+    visibility = {"visibility_timeout": 2 * max_run_s}
+    celery.conf.update(
+        # Pickle refused: a pickled message raises ContentDisallowed and nothing runs.
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        # State lives in h3batch's own job records, written before enqueue; Celery results would only pile up.
+        task_ignore_result=True,
+        # At-least-once: ack after the task body, requeue if the worker dies; the job record caps attempts.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        # One job per node at a time: never reserve the next job while rendering.
+        worker_prefetch_multiplier=1,
+        worker_disable_prefetch=True,
+        broker_transport_options=visibility,
+        result_backend_transport_options=visibility,
+        visibility_timeout=visibility["visibility_timeout"],
+        broker_connection_retry_on_startup=True,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        # Unacked messages are restored on a warm stop instead of waiting out the visibility timeout.
+        worker_soft_shutdown_timeout=60.0,
+        # Our structured log handler stays in charge of the root logger.
+        worker_hijack_root_logger=False,
+        task_default_queue=defaults.RENDER_QUEUE,
+        task_routes={defaults.RENDER_TASK: {"queue": defaults.RENDER_QUEUE}},
+        task_create_missing_queues=True,
+        worker_send_task_events=False,
+        task_send_sent_event=False,
+    )
+    return celery
+
+
+_env = Settings.from_env()
+app = make_celery(_env.redis_url, max_run_s=_env.max_run_s, include_tasks=True)

@@ -1,0 +1,77 @@
+"""Service tunables in one place; each constant has a doc line. Env vars (worker/settings.py) override some of them."""
+from __future__ import annotations
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+"""Broker and job store. Give h3batch its own Redis DB: Celery's visibility timeout is per Redis, not per app."""
+
+ARTIFACTS_DIR = "var/artifacts"
+"""Where workers write MP4s and the API reads them (a shared volume in compose). Relative to the working dir."""
+
+RELEASE_DIR = "var/tiny-release"
+"""Release directory the worker serves (the tiny release by default, built by `h3batch build-tiny`)."""
+
+RENDER_QUEUE = "render"
+"""Celery queue consumed by GPU workers."""
+
+RENDER_TASK = "h3batch.render"
+"""Celery task name; the API sends by name so it never imports the worker's task module (or torch)."""
+
+DEFAULT_SECONDS = 4.0
+"""Clip length when a request leaves `seconds` out (the shortest the model supports)."""
+DEFAULT_WIDTH = 256
+"""Canvas width when a request leaves it out (small, so the tiny release renders fast on a CPU)."""
+DEFAULT_HEIGHT = 128
+"""Canvas height when a request leaves it out."""
+
+TOTAL_STEPS = 8
+"""Denoising steps of FastH3 8-Step V2; shown as `step`/`total_steps`."""
+
+MAX_PROMPT_CHARS = 4000
+"""Longest prompt accepted at the door (400 above it)."""
+
+MAX_BODY_BYTES = 64 * 1024
+"""Largest request body (413 above it)."""
+
+MAX_QUEUED = 1000
+"""Queued jobs at which POST /jobs answers 503 queue_full."""
+
+QUEUE_FULL_RETRY_AFTER_S = 30
+"""Retry-After sent with 503 queue_full (the OpenAI SDK gives up above 120)."""
+
+MAX_RUN_S = 600
+"""Longest a render may run; sizes the broker visibility timeout (2x this) and the job lease."""
+
+RESULT_TTL_S = 86_400
+"""Seconds a finished job's MP4 stays downloadable (`expires_at` = finished_at + this)."""
+
+RECORD_GRACE_S = 3_600
+"""Extra seconds a finished job's record stays in Redis after its artifact expires (it then shows `expired`)."""
+
+HEARTBEAT_INTERVAL_S = 5.0
+"""How often a worker refreshes its heartbeat key (and the lease of the job it runs)."""
+
+HEARTBEAT_TTL_S = 15
+"""A worker whose heartbeat is older than this is not counted by /readyz."""
+
+LEASE_TTL_MS = 30_000
+"""A running job's lease lapses this long after its worker's last heartbeat; a redelivered message may then retry."""
+
+RECONCILE_INTERVAL_S = 10.0
+"""How often a worker (one at a time, under a Redis lock) re-enqueues running jobs whose lease lapsed."""
+
+MAX_ATTEMPTS = 3
+"""Deliveries of one job after worker loss before it fails with `worker_lost`."""
+
+LIST_DEFAULT_LIMIT = 20
+"""Page size of GET /jobs when `limit` is left out."""
+LIST_MAX_LIMIT = 100
+"""Largest `limit` GET /jobs accepts."""
+
+MAX_WAIT_S = 60
+"""Longest blocking wait (`Prefer: wait=N` or `?wait=N`) one request may ask for."""
+
+PROGRESS_AT_STAGE = {"queued": 0.0, "text_encode": 0.02, "denoise": 0.05, "decode": 0.88, "mux": 0.95,
+                     "finalize": 0.98}
+"""Progress (0..1) when a stage starts; denoise steps fill 0.05..0.85 evenly, `completed` is exactly 1.0."""
+DENOISE_SPAN = 0.80
+"""Share of progress the 8 denoise steps cover."""

@@ -1,0 +1,401 @@
+"""Job records in Redis: create, read, list, progress, cancel, delete, and `transition`, the one function that changes
+a job's status.
+
+A record is the hash `h3b:job:{id}` (worker/keys.py); the API and the worker both go through this module, so the
+lifecycle below is enforced in one place:
+
+    queued ──► in_progress ──► completed ──► expired
+      │            │  ▲ (re-claim after worker loss, attempt+1)
+      │            ├──┘
+      │            ├──► failed
+      ▼            ▼
+    cancelled ◄────┘            (queued may also go straight to failed, e.g. enqueue_failed)
+
+Multi-key updates (record + queue zset + index + done notification + TTL) run in one MULTI/EXEC under WATCH of the
+record, so a concurrent cancel and claim cannot both win.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from worker import defaults, keys
+
+
+class JobStatus(str, enum.Enum):
+    QUEUED = "queued"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+class Stage(str, enum.Enum):
+    QUEUED = "queued"
+    TEXT_ENCODE = "text_encode"
+    DENOISE = "denoise"
+    DECODE = "decode"
+    MUX = "mux"
+    FINALIZE = "finalize"
+
+
+TERMINAL = frozenset({JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED})
+"""Statuses after which nothing more happens (completed still may expire)."""
+FINISHED = TERMINAL | {JobStatus.COMPLETED}
+"""Statuses a blocking wait returns on, and for which cancel answers 409."""
+
+ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.QUEUED: frozenset({JobStatus.IN_PROGRESS, JobStatus.CANCELLED, JobStatus.FAILED}),
+    # in_progress -> in_progress is a re-claim after worker loss (attempt + 1).
+    JobStatus.IN_PROGRESS: frozenset({JobStatus.IN_PROGRESS, JobStatus.COMPLETED, JobStatus.FAILED,
+                                      JobStatus.CANCELLED}),
+    JobStatus.COMPLETED: frozenset({JobStatus.EXPIRED}),
+    JobStatus.FAILED: frozenset(),
+    JobStatus.CANCELLED: frozenset(),
+    JobStatus.EXPIRED: frozenset(),
+}
+
+# Field -> decoder for the hash's string values; fields not listed stay str.
+_INT_FIELDS = {"step", "total_steps", "width", "height", "seed", "seq", "attempt", "frames", "size_bytes"}
+_FLOAT_FIELDS = {"progress", "seconds", "created_at", "started_at", "finished_at", "expires_at"}
+_JSON_FIELDS = {"timings", "tokens", "error"}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a client asked for, already validated at the door."""
+
+    prompt: str
+    seconds: float
+    width: int
+    height: int
+    seed: int
+    release: str | None = None
+    owner: str = ""
+
+
+def new_job_id() -> str:
+    return "job_" + secrets.token_hex(12)
+
+
+def random_seed() -> int:
+    """A 63-bit seed (fits a signed int64 everywhere it travels)."""
+    return secrets.randbits(63)
+
+
+def _encode(fields: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for name, value in fields.items():
+        if isinstance(value, enum.Enum):
+            value = value.value
+        if name in _JSON_FIELDS:
+            out[name] = json.dumps(value)
+        elif value is None:
+            out[name] = ""
+        elif isinstance(value, bool):
+            out[name] = "1" if value else ""
+        else:
+            out[name] = str(value)
+    return out
+
+
+def _decode(raw: dict[str, str]) -> dict[str, Any]:
+    job: dict[str, Any] = {}
+    for name, text in raw.items():
+        if text == "" and name not in ("prompt",):
+            job[name] = None
+        elif name in _INT_FIELDS:
+            job[name] = int(text)
+        elif name in _FLOAT_FIELDS:
+            job[name] = float(text)
+        elif name in _JSON_FIELDS:
+            job[name] = json.loads(text)
+        else:
+            job[name] = text
+    return job
+
+
+def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None) -> dict[str, Any]:
+    """Write a queued record, index it and put it in the queue zset (one transaction); returns the record.
+
+    The record exists before any Celery message does, so an immediate GET never 404s.
+    """
+    now = time.time() if now is None else now
+    job_id = new_job_id()
+    seq = int(r.incr(keys.SEQ))
+    record = {
+        "id": job_id, "status": JobStatus.QUEUED, "stage": Stage.QUEUED, "step": 0,
+        "total_steps": defaults.TOTAL_STEPS, "progress": 0.0, "prompt": spec.prompt, "seconds": spec.seconds,
+        "width": spec.width, "height": spec.height, "seed": spec.seed, "release": spec.release,
+        "owner": spec.owner, "seq": seq, "created_at": now, "attempt": 0,
+    }
+    with r.pipeline(transaction=True) as pipe:
+        pipe.hset(keys.job(job_id), mapping=_encode(record))
+        pipe.zadd(keys.JOBS_INDEX, {job_id: seq})
+        pipe.zadd(keys.QUEUE, {job_id: seq})
+        pipe.execute()
+    return load_job(r, job_id)  # type: ignore[return-value]
+
+
+def load_job(r: redis.Redis, job_id: str) -> dict[str, Any] | None:
+    """The decoded record, or None when there is none."""
+    raw = r.hgetall(keys.job(job_id))
+    return _decode(raw) if raw else None
+
+
+def queue_position(r: redis.Redis, job_id: str) -> int | None:
+    """1 = next to start; None when the job is not queued."""
+    rank = r.zrank(keys.QUEUE, job_id)
+    return None if rank is None else int(rank) + 1
+
+
+def queued_count(r: redis.Redis) -> int:
+    return int(r.zcard(keys.QUEUE))
+
+
+def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobStatus] | frozenset | None = None,
+               expect_attempt: int | None = None, fields: dict[str, Any] | None = None,
+               record_ttl_s: int | None = None, now: float | None = None) -> dict[str, Any] | None:
+    """Move a job to status `to`; the only writer of `status`. Returns the new record, or None if refused.
+
+    Refused (None, nothing written) when: the record is gone; its status is not in `expect` (when given);
+    `expect_attempt` differs from its attempt (a stale worker); or ALLOWED forbids the move.
+    Steps, in one MULTI/EXEC under WATCH of the record:
+      1. HSET status plus `fields` (and `finished_at` on a finished status);
+      2. ZREM from the queue zset when leaving `queued`; ZADD to / ZREM from the running zset around `in_progress`;
+      3. on a finished status, EXPIRE the record after `record_ttl_s` and PUBLISH on its done channel.
+    """
+    key = keys.job(job_id)
+    now = time.time() if now is None else now
+    with r.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(key)
+                current = pipe.hmget(key, ["status", "attempt"])
+                if current[0] is None:
+                    pipe.unwatch()
+                    return None
+                status = JobStatus(current[0])
+                attempt = int(current[1] or 0)
+                if (expect is not None and status not in expect) or to not in ALLOWED[status] or (
+                        expect_attempt is not None and attempt != expect_attempt):
+                    pipe.unwatch()
+                    return None
+                update = dict(fields or {})
+                update["status"] = to
+                if to in FINISHED and to is not JobStatus.EXPIRED:
+                    update.setdefault("finished_at", now)
+                pipe.multi()
+                pipe.hset(key, mapping=_encode(update))
+                if status is JobStatus.QUEUED:
+                    pipe.zrem(keys.QUEUE, job_id)
+                if to is JobStatus.IN_PROGRESS:
+                    pipe.zadd(keys.RUNNING, {job_id: now})
+                elif status is JobStatus.IN_PROGRESS:
+                    pipe.zrem(keys.RUNNING, job_id)
+                if to in FINISHED:
+                    if record_ttl_s is not None:
+                        pipe.expire(key, record_ttl_s)
+                    pipe.publish(keys.done_channel(job_id), to.value)
+                pipe.execute()
+                break
+            except redis.WatchError:
+                continue  # the record changed under us: re-read and decide again
+    return load_job(r, job_id)
+
+
+def update_progress(r: redis.Redis, job_id: str, attempt: int, fields: dict[str, Any]) -> bool:
+    """Write stage/step/progress of a running job; False when it is no longer this attempt's in_progress job."""
+    key = keys.job(job_id)
+    with r.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(key)
+                status, current_attempt = pipe.hmget(key, ["status", "attempt"])
+                if status != JobStatus.IN_PROGRESS.value or int(current_attempt or 0) != attempt:
+                    pipe.unwatch()
+                    return False
+                pipe.multi()
+                pipe.hset(key, mapping=_encode(fields))
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                continue
+
+
+def request_cancel(r: redis.Redis, job_id: str, *, reason: str = "user",
+                   record_ttl_s: int | None = None) -> dict[str, Any] | None:
+    """Cancel: a queued job becomes `cancelled` now; a running one gets `cancel_requested` for its worker to see.
+
+    Returns the record after the change, or None when the job is gone. A finished job is returned unchanged
+    (callers answer 409).
+    """
+    cancelled = transition(r, job_id, JobStatus.CANCELLED, expect={JobStatus.QUEUED},
+                           fields={"cancel_reason": reason, "cancelled_at_stage": Stage.QUEUED},
+                           record_ttl_s=record_ttl_s)
+    if cancelled is not None:
+        return cancelled
+    key = keys.job(job_id)
+    with r.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                pipe.watch(key)
+                status = pipe.hget(key, "status")
+                if status is None:
+                    pipe.unwatch()
+                    return None
+                if status == JobStatus.IN_PROGRESS.value:
+                    pipe.multi()
+                    pipe.hset(key, mapping={"cancel_requested": "1", "cancel_reason": reason})
+                    pipe.execute()
+                else:
+                    pipe.unwatch()
+                break
+            except redis.WatchError:
+                continue
+    if status == JobStatus.QUEUED.value:  # raced with a claim between the two steps: try again
+        return request_cancel(r, job_id, reason=reason, record_ttl_s=record_ttl_s)
+    return load_job(r, job_id)
+
+
+def cancel_requested(r: redis.Redis, job_id: str) -> bool:
+    """Worker's step-boundary check: True once cancel was asked for, or when the record was deleted."""
+    flag, status = r.hmget(keys.job(job_id), ["cancel_requested", "status"])
+    return status is None or bool(flag) or status != JobStatus.IN_PROGRESS.value
+
+
+def delete_job(r: redis.Redis, job_id: str) -> bool:
+    """Remove the record and its index entries; a running job's worker sees the record gone and stops."""
+    with r.pipeline(transaction=True) as pipe:
+        pipe.delete(keys.job(job_id))
+        pipe.zrem(keys.JOBS_INDEX, job_id)
+        pipe.zrem(keys.QUEUE, job_id)
+        pipe.zrem(keys.RUNNING, job_id)
+        pipe.publish(keys.done_channel(job_id), "deleted")
+        removed = pipe.execute()[0]
+    return bool(removed)
+
+
+class BadCursor(ValueError):
+    """`after` names no listed job."""
+
+
+def list_jobs(r: redis.Redis, *, limit: int, after: str | None = None, order: str = "desc",
+              status: JobStatus | None = None, owner: str | None = None) -> tuple[list[dict[str, Any]], bool]:
+    """One page of jobs in creation order (keyset on the creation sequence); returns (jobs, has_more).
+
+    `after` is the last id of the previous page. Index entries whose record has expired are dropped as met.
+    """
+    if after is not None:
+        score = r.zscore(keys.JOBS_INDEX, after)
+        if score is None:
+            raise BadCursor(f"after: expected the id of a listed job, found {after!r}")
+        bound = f"({int(score)}"
+    else:
+        bound = "+inf" if order == "desc" else "-inf"
+    found: list[dict[str, Any]] = []
+    batch = max(limit * 2, 20)
+    while True:
+        if order == "desc":
+            ids = r.zrevrangebyscore(keys.JOBS_INDEX, bound, "-inf", start=0, num=batch, withscores=True)
+        else:
+            ids = r.zrangebyscore(keys.JOBS_INDEX, bound, "+inf", start=0, num=batch, withscores=True)
+        if not ids:
+            return found, False
+        with r.pipeline(transaction=False) as pipe:
+            for job_id, _ in ids:
+                pipe.hgetall(keys.job(job_id))
+            raws = pipe.execute()
+        for (job_id, _), raw in zip(ids, raws):
+            if not raw:
+                r.zrem(keys.JOBS_INDEX, job_id)
+                continue
+            job = _decode(raw)
+            if owner is not None and (job.get("owner") or "") != owner:
+                continue
+            if status is not None and job["status"] != status.value:
+                continue
+            if len(found) == limit:
+                return found, True
+            found.append(job)
+        bound = f"({int(ids[-1][1])}"
+
+
+# --- leases: which worker (and attempt) may render a job right now (spec §4) ---
+
+# Compare-and-act on the lease value, so a worker never renews or drops a lease another worker now holds.
+_RENEW_IF_OWNER = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) " \
+                  "else return 0 end"
+_DROP_IF_OWNER = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+
+
+def renew_lease(r: redis.Redis, job_id: str, holder: str, ttl_ms: int = defaults.LEASE_TTL_MS) -> bool:
+    return bool(r.eval(_RENEW_IF_OWNER, 1, keys.lease(job_id), holder, ttl_ms))
+
+
+def drop_lease(r: redis.Redis, job_id: str, holder: str) -> bool:
+    return bool(r.eval(_DROP_IF_OWNER, 1, keys.lease(job_id), holder))
+
+
+def claim_job(r: redis.Redis, job_id: str, worker: str, *, release_id: str, record_ttl_s: int,
+              max_attempts: int = defaults.MAX_ATTEMPTS, lease_ttl_ms: int = defaults.LEASE_TTL_MS) -> tuple[dict[str, Any], str] | None:
+    """Take a job for rendering: returns (record, lease holder) or None when this delivery must do nothing.
+
+    1. Nothing to do if the record is gone or finished (cancelled while queued, deleted, a stale redelivery).
+    2. An `in_progress` job whose lease is alive belongs to another worker: count the contention and skip.
+       One whose lease lapsed lost its worker: re-claim with attempt + 1, or fail `worker_lost` past max_attempts.
+    3. SET the lease NX, then `transition` to in_progress guarded by the attempt read in 1; drop the lease if
+       that transition is refused.
+    """
+    record = load_job(r, job_id)
+    if record is None or record["status"] not in (JobStatus.QUEUED.value, JobStatus.IN_PROGRESS.value):
+        return None
+    previous = record.get("attempt") or 0
+    if record["status"] == JobStatus.IN_PROGRESS.value:
+        if r.exists(keys.lease(job_id)):
+            r.hincrby(keys.STATS, "lease_contention", 1)
+            return None
+        if previous >= max_attempts:
+            transition(r, job_id, JobStatus.FAILED, expect={JobStatus.IN_PROGRESS}, expect_attempt=previous,
+                       fields={"error": {"code": "worker_lost", "message": f"the worker died {previous} times "
+                                         f"while rendering this job", "retryable": True, "stage": record["stage"]}},
+                       record_ttl_s=record_ttl_s)
+            return None
+    attempt = previous + 1
+    holder = f"{worker}:{attempt}"
+    if not r.set(keys.lease(job_id), holder, nx=True, px=lease_ttl_ms):
+        r.hincrby(keys.STATS, "lease_contention", 1)
+        return None
+    fields: dict[str, Any] = {"attempt": attempt, "worker": worker, "release_id": release_id,
+                              "stage": Stage.TEXT_ENCODE, "step": 0, "progress": 0.0}
+    if record.get("started_at") is None:
+        fields["started_at"] = time.time()
+    claimed = transition(r, job_id, JobStatus.IN_PROGRESS, expect={JobStatus(record["status"])},
+                         expect_attempt=previous, fields=fields)
+    if claimed is None:
+        drop_lease(r, job_id, holder)
+        return None
+    return claimed, holder
+
+
+def orphaned_running(r: redis.Redis) -> list[str]:
+    """`in_progress` jobs whose lease lapsed: their worker died (or lost Redis) for longer than the lease TTL.
+
+    Sending them a fresh render message lets `claim_job` re-claim with attempt + 1 (or fail `worker_lost`) long
+    before the broker would redeliver the dead worker's unacked message (visibility timeout, 2 x max run).
+    """
+    ids = r.zrange(keys.RUNNING, 0, -1)
+    if not ids:
+        return []
+    with r.pipeline(transaction=False) as pipe:
+        for job_id in ids:
+            pipe.exists(keys.lease(job_id))
+        alive = pipe.execute()
+    return [job_id for job_id, has_lease in zip(ids, alive) if not has_lease]

@@ -1,0 +1,44 @@
+"""Every Redis key h3batch uses, templated in one place so `redis-cli --scan --pattern 'h3b:*'` shows the lifecycle.
+
+| key | type | holds |
+|---|---|---|
+| `h3b:job:{id}` | hash | the job record (status, stage, progress, times, timings, error, artifact) |
+| `h3b:jobs` | zset | every job id, score = creation sequence; GET /jobs pages over it newest first |
+| `h3b:queue` | zset | ids of `queued` jobs, score = creation sequence; ZRANK + 1 = queue position |
+| `h3b:running` | zset | ids of `in_progress` jobs, score = claim time; the reconciler checks their leases |
+| `h3b:reconcile` | string | lock (SET NX PX) so one worker at a time runs the reconciler |
+| `h3b:seq` | string | INCR counter giving each job its creation sequence |
+| `h3b:lease:{id}` | string | `worker:attempt` of the worker rendering the job (SET NX PX, renewed by heartbeat) |
+| `h3b:done:{id}` | pub/sub channel | a message when the job reaches a terminal status (wakes blocking waits) |
+| `h3b:worker:{name}` | string (JSON) | a worker's heartbeat, TTL 15 s: release, state READY/BUSY, current job, model loads |
+| `h3b:stats` | hash | counters: `model_loads` (one per Pipeline.load), `lease_contention` |
+
+Celery's own keys (`render` list, `_kombu.*`, `unacked*`) live beside these in the same DB.
+"""
+from __future__ import annotations
+
+PREFIX = "h3b"
+
+JOBS_INDEX = f"{PREFIX}:jobs"
+QUEUE = f"{PREFIX}:queue"
+RUNNING = f"{PREFIX}:running"
+RECONCILE_LOCK = f"{PREFIX}:reconcile"
+SEQ = f"{PREFIX}:seq"
+STATS = f"{PREFIX}:stats"
+WORKER_PATTERN = f"{PREFIX}:worker:*"
+
+
+def job(job_id: str) -> str:
+    return f"{PREFIX}:job:{job_id}"
+
+
+def lease(job_id: str) -> str:
+    return f"{PREFIX}:lease:{job_id}"
+
+
+def done_channel(job_id: str) -> str:
+    return f"{PREFIX}:done:{job_id}"
+
+
+def worker(name: str) -> str:
+    return f"{PREFIX}:worker:{name}"

@@ -1,0 +1,187 @@
+"""One resident FastH3 V2 pipeline: load a release once, then render prompts to MP4 files.
+
+Data flow of `Pipeline.render` (spec h3-model.md §1.2):
+
+    prompt ──tokenize+Qwen3-VL──▶ text [1,L,text_dim] ──refiner (once)──▶ refined text rows
+    seed ──CPU generator──▶ video noise [1,24,T,Hl,Wl] + audio noise [2A,32]
+    8 × ( row timesteps (t_v, t_a) → DiT forward (VSA-H3) → Euler update per modality )
+    video latents ──VAE──▶ uint8 frames [N,H,W,3];  audio rows ──audio VAE──▶ waveform [2,800A]
+    frames + waveform ──PyAV──▶ MP4 (H.264 24 fps + AAC stereo 32 kHz), written atomically
+
+`Pipeline.load` does every check a worker must pass before it takes a job: the release contract, the pinned base-VAE
+fetch and a strict weight load. The job service (worker/tasks.py) owns one instance per worker process.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from worker.h3 import contract, decode, mp4, packing, provenance, vae_native
+from worker.h3.geometry import RequestGeometry
+from worker.h3.loader import load_transformer
+from worker.h3.sampler import SigmaLadder, initial_noise
+from worker.h3.text_encoder import TextEncoder
+from worker.h3.vsa import vsa_plan_for_layout
+
+log = logging.getLogger("h3batch.pipeline")
+
+STAGES = ("text_encode", "denoise", "decode", "mux")
+"""Render stages in order; `denoise` reports steps 1..8."""
+
+ProgressFn = Callable[[str, int, int], None]
+"""on_progress(stage, step, total): step/total count denoise forwards; other stages report (0, 0) on entry."""
+
+
+class RenderCancelled(Exception):
+    """The caller asked to stop; raised at the next step boundary, nothing is written."""
+
+
+@dataclass(frozen=True)
+class RenderRequest:
+    """One T2VA request as the pipeline takes it (already-resolved values; the API applies defaults)."""
+
+    prompt: str
+    seconds: float = 4.0
+    width: int = 256
+    height: int = 128
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RenderResult:
+    path: Path
+    seed: int
+    timings: dict[str, float]  # seconds per stage
+    tokens: dict[str, int]  # text, audio_rows, video_rows, sequence
+    frames: int
+    width: int
+    height: int
+    seconds: float  # video duration N/24
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+class Pipeline:
+    """The loaded release: DiT, text encoder and both VAEs, resident on one device."""
+
+    def __init__(self, info: contract.ReleaseInfo, dit, text_encoder: TextEncoder, video_vae, audio_vae, device):
+        self.info = info
+        self.release_dir = Path(info.path)
+        self.release_id = info.model_id
+        self.contract_hash = info.contract_hash
+        self.dit = dit
+        self.text_encoder = text_encoder
+        self.video_vae = video_vae
+        self.audio_vae = audio_vae
+        self.device = device
+        self.ladder = SigmaLadder.v2()
+        self.sparsity = float(info.entry.contract.vsa_sparsity)
+
+    @classmethod
+    def load(cls, release_dir: str | Path, *, device: str | torch.device | None = None,
+             hf_cache: str | Path | None = None) -> Pipeline:
+        """Validate the release, fetch the pinned base VAEs and load every model; raises ValueError on any violation."""
+        device = torch.device(device) if device is not None else default_device()
+        info = contract.validate_release(release_dir)  # ContractError names the field
+        log.info("release %s: %s", info.model_id, info.startup_log_line)
+        fl2va = provenance.fetch_base_vaes(info, cache_dir=hf_cache)
+        root = Path(info.path)
+        dit = load_transformer(root / "transformer", vsa_gates=True, device=device)
+        text = TextEncoder.load(root / "text_encoder", root / "tokenizer", info.entry.text_hidden_layer, device)
+        video_vae = vae_native.load_video_vae(fl2va).to(device).eval()
+        audio_vae = vae_native.load_audio_vae(fl2va).to(device).eval()
+        return cls(info, dit, text, video_vae, audio_vae, device)
+
+    def geometry(self, req: RenderRequest) -> RequestGeometry:
+        return RequestGeometry(req.width, req.height, req.seconds)
+
+    def validate(self, req: RenderRequest) -> None:
+        """Refuse a request this release cannot render (ValueError naming the field)."""
+        if not isinstance(req.prompt, str) or not req.prompt.strip():
+            raise ValueError("prompt: expected a non-empty string")
+        self.geometry(req)
+        if isinstance(req.seed, bool) or not isinstance(req.seed, int) or not 0 <= req.seed < 2**63:
+            raise ValueError(f"seed: expected an integer in [0, 2**63), got {req.seed!r}")
+
+    @torch.inference_mode()
+    def render(self, req: RenderRequest, out_path: str | Path, *, on_progress: ProgressFn | None = None,
+               should_cancel: Callable[[], bool] | None = None) -> RenderResult:
+        """Render `req` to `out_path` (atomic write). Raises RenderCancelled at a step boundary when asked."""
+        self.validate(req)
+        geo = self.geometry(req)
+        progress = on_progress or (lambda stage, step, total: None)
+        cancelled = should_cancel or (lambda: False)
+        timings: dict[str, float] = {}
+
+        def boundary() -> None:
+            if cancelled():
+                raise RenderCancelled(f"cancelled after {sum(timings.values()):.2f} s")
+
+        # 1. Text: features [1, L, text_dim] and the timestep-independent refiner output (once per request).
+        boundary()
+        progress("text_encode", 0, 0)
+        t0 = time.perf_counter()
+        features, text_rows = self.text_encoder.encode(req.prompt)
+        refined = self.dit.refine_text(features.to(self.device))
+        layout = packing.build_packed_layout(text_rows, geo)
+        plan = vsa_plan_for_layout(layout, sparsity=self.sparsity)
+        dev_layout = layout.to(self.device)
+        timings["text_encode"] = time.perf_counter() - t0
+
+        # 2. Denoise: 8 forwards from seeded noise; latent state fp32 on the device.
+        total = self.ladder.num_steps
+        t0 = time.perf_counter()
+        video_noise, audio = initial_noise(req.seed, geo)
+        video = packing.patchify_video(video_noise).to(self.device)  # [1, Nv, 96]
+        audio = audio.unsqueeze(0).to(self.device)  # [1, 2A, 32]
+        for k in range(total):
+            boundary()
+            t_video, t_audio = self.ladder.timesteps(k)
+            timestep, timestep_indices = packing.row_timesteps(t_video, t_audio, dev_layout)
+            v_video, v_audio = self.dit(
+                video, audio, None, timestep, timestep_indices, dev_layout.token_tags, dev_layout.position_ids,
+                dev_layout.video_indices, dev_layout.audio_indices, dev_layout.text_indices,
+                vsa_plan=plan, refined_text=refined,
+            )
+            video, audio = self.ladder.step(k, video, v_video, audio, v_audio)
+            progress("denoise", k + 1, total)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        timings["denoise"] = time.perf_counter() - t0
+
+        # 3. Decode both modalities with the diffusers VAEs.
+        boundary()
+        progress("decode", 0, 0)
+        t0 = time.perf_counter()
+        latents = packing.unpatchify_video(video, geo.latent_frames, geo.latent_height, geo.latent_width)
+        frames = decode.decode_video(self.video_vae, latents)  # uint8 [N, H, W, 3]
+        waveform = decode.decode_audio(self.audio_vae, audio[0])  # fp32 [2, 800A]
+        timings["decode"] = time.perf_counter() - t0
+
+        # 4. Mux into the MP4 (temp file + rename).
+        boundary()
+        progress("mux", 0, 0)
+        t0 = time.perf_counter()
+        metadata = {
+            "comment": f"h3batch seed={req.seed}",
+            "h3batch_release": self.release_id,
+            "h3batch_contract_sha256": self.contract_hash,
+            "h3batch_seed": str(req.seed),
+        }
+        path = mp4.write_mp4(out_path, frames, waveform, metadata=metadata)
+        timings["mux"] = time.perf_counter() - t0
+
+        return RenderResult(
+            path=Path(path), seed=req.seed, timings=timings,
+            tokens={"text": text_rows, "audio_rows": layout.audio_rows, "video_rows": layout.video_rows,
+                    "sequence": layout.sequence_length},
+            frames=int(frames.shape[0]), width=geo.width, height=geo.height, seconds=geo.num_frames / 24,
+        )

@@ -1,0 +1,113 @@
+"""`h3batch render`: one prompt to one MP4 on this machine, with a progress bar per step and a JSON summary line.
+
+Exit 0 on success (the last stdout line is the JSON summary), 2 with one line on stderr for bad input (empty prompt,
+unsupported size or duration, missing or invalid release), 1 for an unexpected failure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_RELEASE = os.environ.get("H3BATCH_RELEASE", "var/tiny-release")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's usage dump is not one line
+        print(f"h3batch render: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _OneLineParser(prog="h3batch render", description=__doc__.splitlines()[0])
+    p.add_argument("--release", default=DEFAULT_RELEASE, help="release directory (default: %(default)s)")
+    p.add_argument("--prompt", required=True, help="text prompt, used verbatim")
+    p.add_argument("--seconds", type=float, default=4.0, help="duration, 4-15 s (default: %(default)s)")
+    p.add_argument("--width", type=int, default=256, help="multiple of 32 (default: %(default)s)")
+    p.add_argument("--height", type=int, default=128, help="multiple of 32 (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="RNG key for the noise (default: %(default)s)")
+    p.add_argument("--out", required=True, help="output .mp4 path")
+    p.add_argument("--hf-cache", default=None,
+                   help="Hugging Face cache holding the base VAEs (default: $HF_HUB_CACHE, else <release>/../hf-cache)")
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _fail(message: str) -> int:
+    print(f"h3batch render: {message}", file=sys.stderr)
+    return 2
+
+
+def resolve_hf_cache(release: Path, explicit: str | None) -> str | None:
+    """Explicit flag, else $HF_HUB_CACHE, else the sibling `hf-cache` that `build-tiny` writes when it exists."""
+    if explicit:
+        return explicit
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    sibling = release.resolve().parent / "hf-cache"
+    return str(sibling) if sibling.is_dir() else None
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    release = Path(args.release)
+    if not release.is_dir():
+        return _fail(f"release directory {str(release)!r} does not exist (build one: h3batch build-tiny --out DIR)")
+    if not args.prompt.strip():
+        return _fail("--prompt: expected a non-empty prompt")
+    out = Path(args.out)
+    if out.suffix.lower() != ".mp4":
+        return _fail(f"--out: expected a .mp4 path, got {str(out)!r}")
+    if not out.parent.exists():
+        return _fail(f"--out: directory {str(out.parent)!r} does not exist")
+
+    # Heavy imports after argument checks so bad input answers at once.
+    from worker.h3.geometry import GeometryError, RequestGeometry
+    try:
+        RequestGeometry(args.width, args.height, args.seconds)
+    except GeometryError as err:
+        return _fail(str(err))
+
+    from tqdm import tqdm
+
+    from worker.pipeline import Pipeline, RenderRequest
+
+    started = time.perf_counter()
+    try:
+        pipe = Pipeline.load(release, device=args.device, hf_cache=resolve_hf_cache(release, args.hf_cache))
+    except ValueError as err:  # contract, provenance and loader errors all name the field or key
+        return _fail(str(err).splitlines()[0])
+    load_s = time.perf_counter() - started
+
+    bar = None if args.no_progress else tqdm(total=8, desc="denoise", unit="step", file=sys.stderr)
+
+    def on_progress(stage: str, step: int, total: int) -> None:
+        if bar is None:
+            return
+        bar.set_description(stage, refresh=False)
+        if stage == "denoise":
+            bar.update(step - bar.n)
+        else:
+            bar.refresh()
+
+    req = RenderRequest(args.prompt, args.seconds, args.width, args.height, args.seed)
+    try:
+        result = pipe.render(req, out, on_progress=on_progress)
+    except ValueError as err:
+        return _fail(str(err).splitlines()[0])
+    finally:
+        if bar is not None:
+            bar.close()
+    summary = {
+        "out": str(result.path), "release": pipe.release_id, "seed": result.seed, "frames": result.frames,
+        "width": result.width, "height": result.height, "seconds": round(result.seconds, 4),
+        "tokens": result.tokens, "timings": {"load": round(load_s, 3), **{k: round(v, 3) for k, v in
+                                                                        result.timings.items()}},
+        "device": str(pipe.device),
+    }
+    print(json.dumps(summary))
+    return 0

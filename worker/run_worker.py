@@ -1,0 +1,72 @@
+"""`h3batch worker [--queues render] [--name NAME]`: check config, load the model once, consume render jobs.
+
+The model is loaded in this process before Celery starts, and Celery runs the `solo` pool, so jobs run in the very
+process that holds the weights: no fork after CUDA init, no reload per job (spec §3 pitfalls 4 and 5). Bad
+configuration or a release that fails its contract check prints one line and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from worker import defaults
+from worker.exceptions import ConfigError
+from worker.settings import Settings, check_artifacts_dir, check_redis, check_release_dir, configure_logging
+
+log = logging.getLogger("h3batch.worker")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="h3batch worker", description="Run a GPU render worker (Celery, solo pool).")
+    parser.add_argument("--queues", default=defaults.RENDER_QUEUE, help="comma-separated queues (default: render)")
+    parser.add_argument("--name", default=None, help="worker name (default: H3BATCH_WORKER_NAME or hostname-pid)")
+
+    def one_line_error(message: str) -> None:
+        print(f"h3batch worker: {message}", file=sys.stderr)
+        sys.exit(2)
+
+    parser.error = one_line_error  # type: ignore[method-assign]
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        if args.name:
+            os.environ["H3BATCH_WORKER_NAME"] = args.name  # so a lazily built Settings agrees
+            settings = Settings.from_env()
+        check_redis(settings.redis_url)
+        check_release_dir(settings.release_dir)
+        check_artifacts_dir(settings.artifacts_dir)
+    except ConfigError as exc:
+        print(f"h3batch worker: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings)
+    from worker import tasks  # noqa: PLC0415  (imports torch via the pipeline on load)
+
+    try:
+        tasks.load_resident(settings)
+    except ValueError as exc:  # the pipeline's contract check: one line naming the field
+        print(f"h3batch worker: H3BATCH_RELEASE {str(settings.release_dir)!r}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"h3batch worker: could not load the release {str(settings.release_dir)!r}: {exc}", file=sys.stderr)
+        return 2
+
+    from worker.celery_app import make_celery  # noqa: PLC0415
+
+    celery = make_celery(settings.redis_url, max_run_s=settings.max_run_s, include_tasks=True)
+    queues = ",".join(q.strip() for q in args.queues.split(",") if q.strip())
+    log.info("worker consuming queues=%s name=%s", queues, settings.worker_name)
+    try:
+        celery.worker_main(["--quiet", "worker", "--pool", "solo", "--concurrency", "1", "--queues", queues,
+                            "--hostname", f"{settings.worker_name}@h3batch", "--loglevel", settings.log_level,
+                            "--without-gossip", "--without-mingle", "--without-heartbeat"])
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    finally:
+        tasks.shutdown_resident()
+    return 0

@@ -1,0 +1,276 @@
+"""The render task and the worker process's resident state (pipeline loaded once, heartbeat thread).
+
+The task body only claims the job, renders it with the resident pipeline and records the outcome; everything about
+statuses goes through worker/jobs.py. The pipeline is loaded once per worker process (by `h3batch worker` before
+Celery starts consuming, or lazily by the first task under a bare `celery worker`), and each load is counted in
+Redis (`h3b:stats` `model_loads`), so tests can prove a second job does not reload weights.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import redis
+from celery import shared_task
+
+from worker import defaults, jobs, keys
+from worker.celery_app import make_celery
+from worker.exceptions import InvalidRequest, JobError, ReleaseMismatch
+from worker.jobs import JobStatus, Stage
+from worker.settings import Settings
+
+log = logging.getLogger("h3batch.worker")
+
+VIDEO_NAME = "video.mp4"
+"""File name of a job's MP4 inside `<artifacts>/<job id>/`."""
+
+
+class Heartbeat(threading.Thread):
+    """Refreshes `h3b:worker:{name}` (TTL 15 s) every 5 s, renews the lease of the job being rendered, and every
+    10 s (one worker at a time, under a Redis lock) re-sends render messages for running jobs whose lease lapsed."""
+
+    def __init__(self, r: redis.Redis, name: str, info: dict[str, Any], resend: Callable[[str], None],
+                 settings: Settings):
+        super().__init__(name="h3batch-heartbeat", daemon=True)
+        self.r = r
+        self.settings = settings
+        self.worker_name = name
+        self.info = dict(info)
+        self.resend = resend
+        self.state = "READY"
+        self.job_id: str | None = None
+        self.lease_holder: str | None = None
+        self._stop_event = threading.Event()
+        self._lock = threading.Lock()
+
+    def set_busy(self, job_id: str, holder: str) -> None:
+        with self._lock:
+            self.state, self.job_id, self.lease_holder = "BUSY", job_id, holder
+        self.beat()
+
+    def set_ready(self) -> None:
+        with self._lock:
+            self.state, self.job_id, self.lease_holder = "READY", None, None
+        self.beat()
+
+    def beat(self) -> None:
+        with self._lock:
+            payload = {**self.info, "name": self.worker_name, "state": self.state, "job_id": self.job_id,
+                       "ts": time.time(), "pid": os.getpid()}
+            job_id, holder = self.job_id, self.lease_holder
+        try:
+            self.r.set(keys.worker(self.worker_name), json.dumps(payload), ex=defaults.HEARTBEAT_TTL_S)
+            if job_id and holder:
+                jobs.renew_lease(self.r, job_id, holder, int(self.settings.lease_ttl_s * 1000))
+        except redis.exceptions.RedisError as exc:  # Redis blip: the next beat retries; the key's TTL tells readers
+            log.warning("heartbeat failed error=%s", type(exc).__name__)
+
+    def reconcile(self) -> list[str]:
+        """Re-enqueue orphaned running jobs (claim_job then re-claims them with attempt + 1); returns their ids."""
+        lock_ms = int(self.settings.reconcile_interval_s * 1000)
+        if not self.r.set(keys.RECONCILE_LOCK, self.worker_name, nx=True, px=lock_ms):
+            return []  # another worker reconciled within the interval
+        orphans = jobs.orphaned_running(self.r)
+        for job_id in orphans:
+            log.warning("re-enqueuing job whose worker lost its lease", extra={"job_id": job_id})
+            self.resend(job_id)
+        return orphans
+
+    def run(self) -> None:
+        last_reconcile = 0.0
+        while not self._stop_event.wait(self.settings.heartbeat_interval_s):
+            self.beat()
+            if time.monotonic() - last_reconcile >= self.settings.reconcile_interval_s:
+                last_reconcile = time.monotonic()
+                try:
+                    self.reconcile()
+                except Exception:  # never let a reconcile error stop the heartbeat; it is retried next interval
+                    log.exception("reconcile failed")
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        try:
+            self.r.delete(keys.worker(self.worker_name))
+        except redis.exceptions.RedisError:
+            pass  # the key expires by itself within HEARTBEAT_TTL_S
+
+
+@dataclass
+class Resident:
+    """What stays loaded between jobs in one worker process."""
+
+    settings: Settings
+    r: redis.Redis
+    pipeline: Any  # worker.pipeline.Pipeline (imported lazily: torch)
+    heartbeat: Heartbeat
+    loaded_at: float = field(default_factory=time.time)
+
+
+_resident: Resident | None = None
+_resident_lock = threading.Lock()
+
+
+def load_resident(settings: Settings) -> Resident:
+    """Load the pipeline (contract check + provenance fetch + weights) once for this process; start the heartbeat.
+
+    Raises ValueError (the pipeline's ContractError) with a one-line message naming the field.
+    """
+    global _resident
+    with _resident_lock:
+        if _resident is not None:
+            return _resident
+        from worker.pipeline import Pipeline  # noqa: PLC0415  (torch: only in worker processes)
+
+        r = redis.Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=30)
+        started = time.perf_counter()
+        pipeline = Pipeline.load(settings.release_dir, device=settings.device, hf_cache=settings.hf_cache_dir)
+        load_s = time.perf_counter() - started
+        loads = int(r.hincrby(keys.STATS, "model_loads", 1))
+        sender = make_celery(settings.redis_url, max_run_s=settings.max_run_s)
+
+        def resend(job_id: str) -> None:
+            sender.send_task(defaults.RENDER_TASK, args=[job_id], queue=defaults.RENDER_QUEUE)
+
+        heartbeat = Heartbeat(r, settings.worker_name, {"release_id": pipeline.release_id,
+                                                        "contract_hash": pipeline.contract_hash,
+                                                        "model_loads": 1, "load_s": round(load_s, 3)}, resend,
+                              settings)
+        heartbeat.beat()
+        heartbeat.start()
+        log.info("model resident release=%s load_s=%.2f total_model_loads=%d", pipeline.release_id, load_s, loads)
+        _resident = Resident(settings=settings, r=r, pipeline=pipeline, heartbeat=heartbeat)
+        return _resident
+
+
+def shutdown_resident() -> None:
+    """Stop the heartbeat (its key is deleted so /readyz stops counting this worker at once)."""
+    if _resident is not None:
+        _resident.heartbeat.stop()
+
+
+@shared_task(name=defaults.RENDER_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def render(job_id: str) -> None:
+    """Render one job by id (the message carries nothing else)."""
+    run_job(load_resident(Settings.from_env()), job_id)
+
+
+def _progress_at(stage: str, step: int, total: int) -> float:
+    if stage == Stage.DENOISE.value and total > 0:
+        return defaults.PROGRESS_AT_STAGE["denoise"] + defaults.DENOISE_SPAN * step / total
+    return defaults.PROGRESS_AT_STAGE[stage]
+
+
+def _free_accelerator_memory() -> None:
+    """Give cached GPU blocks back after a cancelled or failed render (no-op on CPU)."""
+    import torch  # noqa: PLC0415
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def run_job(res: Resident, job_id: str) -> None:
+    """Claim, render, record. Every outcome ends in one `transition`; a lost race leaves no files behind."""
+    from worker.pipeline import RenderCancelled, RenderRequest  # noqa: PLC0415
+
+    settings, r, pipeline = res.settings, res.r, res.pipeline
+    extra = {"job_id": job_id}
+    claimed = jobs.claim_job(r, job_id, settings.worker_name, release_id=pipeline.release_id,
+                             record_ttl_s=settings.result_ttl_s + defaults.RECORD_GRACE_S,
+                             lease_ttl_ms=int(settings.lease_ttl_s * 1000))
+    if claimed is None:
+        log.info("skipped: job is gone, finished or held by another worker", extra=extra)
+        return
+    record, holder = claimed
+    attempt = record["attempt"]
+    res.heartbeat.set_busy(job_id, holder)
+    job_dir = settings.artifacts_dir / job_id
+    state = {"stage": Stage.TEXT_ENCODE.value, "progress": 0.0}
+    record_ttl = settings.result_ttl_s + defaults.RECORD_GRACE_S
+
+    def on_progress(stage: str, step: int, total: int) -> None:
+        progress = max(state["progress"], _progress_at(stage, step, total))  # never goes backwards
+        state.update(stage=stage, progress=progress)
+        fields: dict[str, Any] = {"stage": stage, "progress": round(progress, 4)}
+        if stage == Stage.DENOISE.value:
+            fields["step"] = step
+        elif stage in (Stage.DECODE.value, Stage.MUX.value):
+            fields["step"] = record["total_steps"]
+        jobs.update_progress(r, job_id, attempt, fields)
+        if settings.debug_step_delay_s:
+            time.sleep(settings.debug_step_delay_s)
+
+    def should_cancel() -> bool:
+        return jobs.cancel_requested(r, job_id)
+
+    def finish(to: JobStatus, fields: dict[str, Any]) -> dict[str, Any] | None:
+        done = jobs.transition(r, job_id, to, expect={JobStatus.IN_PROGRESS}, expect_attempt=attempt,
+                               fields=fields, record_ttl_s=record_ttl)
+        if done is None or to is not JobStatus.COMPLETED:
+            shutil.rmtree(job_dir, ignore_errors=True)  # deleted, cancelled or failed: no MP4 stays
+        return done
+
+    log.info("render started attempt=%d", attempt, extra=extra)
+    try:
+        wanted = record.get("release")
+        if wanted and wanted != pipeline.release_id:
+            raise ReleaseMismatch(f"release: this worker serves {pipeline.release_id!r}, the job asks for "
+                                  f"{wanted!r}")
+        request = RenderRequest(prompt=record["prompt"], seconds=record["seconds"], width=record["width"],
+                                height=record["height"], seed=record["seed"])
+        try:
+            pipeline.validate(request)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        job_dir.mkdir(parents=True, exist_ok=True)
+        out_path = job_dir / VIDEO_NAME
+        result = pipeline.render(request, out_path, on_progress=on_progress, should_cancel=should_cancel)
+        jobs.update_progress(r, job_id, attempt, {"stage": Stage.FINALIZE, "progress": 0.98})
+        t0 = time.perf_counter()
+        sha256, size = _sha256(result.path), result.path.stat().st_size
+        timings = {**{k: round(float(v), 6) for k, v in result.timings.items()},
+                   "finalize": round(time.perf_counter() - t0, 6)}
+        now = time.time()
+        done = finish(JobStatus.COMPLETED, {
+            "stage": Stage.FINALIZE, "progress": 1.0, "step": record["total_steps"],
+            "artifact": f"{job_id}/{VIDEO_NAME}", "sha256": sha256, "size_bytes": size, "timings": timings,
+            "tokens": dict(result.tokens), "frames": result.frames, "finished_at": now,
+            "expires_at": now + settings.result_ttl_s})
+        if done is None:
+            shutil.rmtree(job_dir, ignore_errors=True)  # deleted or cancelled at the very end
+            log.info("render finished but the job was deleted or cancelled meanwhile", extra=extra)
+        else:
+            log.info("render completed frames=%d bytes=%d seconds=%.3f", result.frames, size,
+                     sum(timings.values()), extra=extra)
+    except RenderCancelled:
+        done = finish(JobStatus.CANCELLED, {"cancelled_at_stage": state["stage"]})
+        log.info("render cancelled stage=%s", state["stage"], extra=extra)
+        _free_accelerator_memory()
+    except JobError as exc:
+        finish(JobStatus.FAILED, {"error": {"code": exc.code, "message": exc.message, "retryable": exc.retryable,
+                                            "stage": state["stage"]}})
+        log.info("render refused code=%s message=%s", exc.code, exc.message, extra=extra)
+    except Exception as exc:  # unexpected: keep the traceback in the log, a bare code on the record
+        log.exception("render failed", extra=extra)
+        finish(JobStatus.FAILED, {"error": {"code": "render_error", "retryable": False, "stage": state["stage"],
+                                            "message": f"the render failed at stage {state['stage']} "
+                                                       f"({type(exc).__name__})"}})
+        _free_accelerator_memory()
+    finally:
+        jobs.drop_lease(r, job_id, holder)
+        res.heartbeat.set_ready()
