@@ -33,24 +33,26 @@ def _indexed_gate_kernel(
     stride_gate_row,
     row_offset,  # first row of this launch (row chunking)
     OUT_BF16: tl.constexpr,  # output is bf16: round before the store
-    BLOCK_SIZE: tl.constexpr,  # power of two >= hidden
+    BLOCK_SIZE: tl.constexpr,  # columns per chunk (power of two); the row is streamed in chunks
 ):
     # This program owns one row: row = row_offset + program id, i.e. batch item row // S, position row % S.
     row = tl.program_id(0).to(tl.int64) + row_offset
     batch = row // seq_len
     position = row % seq_len
     table_row = tl.load(indices_ptr + position).to(tl.int64)
-    columns = tl.arange(0, BLOCK_SIZE)
-    mask = columns < hidden
+    x_row_ptr = x_ptr + batch * stride_x_batch + position * stride_x_row
+    other_row_ptr = other_ptr + batch * stride_other_batch + position * stride_other_row
 
-    x = tl.load(x_ptr + batch * stride_x_batch + position * stride_x_row + columns, mask=mask, other=0.0)
-    other = tl.load(other_ptr + batch * stride_other_batch + position * stride_other_row + columns,
-                    mask=mask, other=0.0)
-    gate = tl.load(gate_ptr + table_row * stride_gate_row + columns, mask=mask, other=0.0)
-    out = x.to(tl.float32) + gate.to(tl.float32) * other.to(tl.float32)
-    if OUT_BF16:
-        out = round_to_bf16(out)
-    tl.store(out_ptr + row * hidden + columns, out, mask=mask)
+    for start in range(0, hidden, BLOCK_SIZE):
+        columns = start + tl.arange(0, BLOCK_SIZE)
+        mask = columns < hidden
+        x = tl.load(x_row_ptr + columns, mask=mask, other=0.0).to(tl.float32)
+        other = tl.load(other_row_ptr + columns, mask=mask, other=0.0).to(tl.float32)
+        gate = tl.load(gate_ptr + table_row * stride_gate_row + columns, mask=mask, other=0.0).to(tl.float32)
+        out = x + gate * other
+        if OUT_BF16:
+            out = round_to_bf16(out)
+        tl.store(out_ptr + row * hidden + columns, out, mask=mask)
 
 
 def _launch(x: torch.Tensor, gate: torch.Tensor, other: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from kernels.modulation_common import (
     Backend, Precision, block_config, check_activation, check_eps, check_indices, check_table, check_weight,
     launch_plan, reference_rms_modulate, resolve_backend, resolve_precision, round_bf16, rows_of,
 )
-from kernels.triton_math import rms_norm_modulate, round_to_bf16
+from kernels.triton_math import normalize_modulate, round_to_bf16
 
 
 @triton.jit
@@ -42,32 +42,44 @@ def _indexed_gate_rms_norm_scale_shift_kernel(
     eps,
     SM90_BF16_AFFINE: tl.constexpr,  # spec §5.3 rounding of the normalized part
     OUT_BF16: tl.constexpr,  # outputs are bf16: round `modulated` before the store
-    BLOCK_SIZE: tl.constexpr,  # power of two >= hidden
+    BLOCK_SIZE: tl.constexpr,  # columns per chunk (power of two); the row is streamed in chunks
 ):
     # This program owns one row: row = row_offset + program id, i.e. batch item row // S, position row % S.
     row = tl.program_id(0).to(tl.int64) + row_offset
     batch = row // seq_len
     position = row % seq_len
     table_row = tl.load(indices_ptr + position).to(tl.int64)
-    columns = tl.arange(0, BLOCK_SIZE)
-    mask = columns < hidden
+    residual_row_ptr = residual_ptr + batch * stride_residual_batch + position * stride_residual_row
+    branch_row_ptr = branch_ptr + batch * stride_branch_batch + position * stride_branch_row
+    out_row_ptr = residual_out_ptr + row * hidden
 
-    residual = tl.load(residual_ptr + batch * stride_residual_batch + position * stride_residual_row + columns,
-                       mask=mask, other=0.0).to(tl.float32)
-    branch = tl.load(branch_ptr + batch * stride_branch_batch + position * stride_branch_row + columns,
-                     mask=mask, other=0.0).to(tl.float32)
-    gate = tl.load(gate_ptr + table_row * stride_gate_row + columns, mask=mask, other=0.0).to(tl.float32)
-    # Always bf16 (spec §5.2): the stored residual and the norm's input are the bf16 value of u.
-    updated = round_to_bf16(residual + gate * branch)
-    tl.store(residual_out_ptr + row * hidden + columns, updated, mask=mask)
+    # Pass 1: u = bf16(residual + gate * branch), always bf16 (spec §5.2); store it and sum its squares in the same
+    # chunk order as row_rstd, so `modulated` is bit-identical to the RMS op applied to residual_out.
+    squares = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+    for start in range(0, hidden, BLOCK_SIZE):
+        columns = start + tl.arange(0, BLOCK_SIZE)
+        mask = columns < hidden
+        residual = tl.load(residual_row_ptr + columns, mask=mask, other=0.0).to(tl.float32)
+        branch = tl.load(branch_row_ptr + columns, mask=mask, other=0.0).to(tl.float32)
+        gate = tl.load(gate_ptr + table_row * stride_gate_row + columns, mask=mask, other=0.0).to(tl.float32)
+        updated = round_to_bf16(residual + gate * branch)
+        tl.store(out_row_ptr + columns, updated, mask=mask)
+        squares += updated * updated
+    rstd = tl.rsqrt(tl.sum(squares, axis=0) / hidden + eps)
+    tl.debug_barrier()  # pass 2 re-reads residual_out written by other threads of this program
 
-    weight = tl.load(weight_ptr + columns, mask=mask, other=0.0).to(tl.float32)
-    shift = tl.load(shift_ptr + table_row * stride_shift_row + columns, mask=mask, other=0.0)
-    scale = tl.load(scale_ptr + table_row * stride_scale_row + columns, mask=mask, other=0.0)
-    out = rms_norm_modulate(updated, weight, shift, scale, mask, hidden, eps, SM90_BF16_AFFINE)
-    if OUT_BF16:
-        out = round_to_bf16(out)
-    tl.store(modulated_ptr + row * hidden + columns, out, mask=mask)
+    # Pass 2: normalize the stored u (re-read from L2), modulate, store.
+    for start in range(0, hidden, BLOCK_SIZE):
+        columns = start + tl.arange(0, BLOCK_SIZE)
+        mask = columns < hidden
+        updated = tl.load(out_row_ptr + columns, mask=mask, other=0.0).to(tl.float32)
+        weight = tl.load(weight_ptr + columns, mask=mask, other=0.0).to(tl.float32)
+        shift = tl.load(shift_ptr + table_row * stride_shift_row + columns, mask=mask, other=0.0)
+        scale = tl.load(scale_ptr + table_row * stride_scale_row + columns, mask=mask, other=0.0)
+        out = normalize_modulate(updated, rstd, weight, shift, scale, SM90_BF16_AFFINE)
+        if OUT_BF16:
+            out = round_to_bf16(out)
+        tl.store(modulated_ptr + row * hidden + columns, out, mask=mask)
 
 
 def _launch(residual, gate, branch, weight, shift, scale, indices, eps, precision):

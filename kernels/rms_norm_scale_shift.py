@@ -13,7 +13,7 @@ from kernels.modulation_common import (
     Backend, Precision, block_config, check_activation, check_eps, check_indices, check_table, check_weight,
     launch_plan, reference_rms_modulate, resolve_backend, resolve_precision, rows_of,
 )
-from kernels.triton_math import rms_norm_modulate, round_to_bf16
+from kernels.triton_math import normalize_modulate, round_to_bf16, row_rstd
 
 
 @triton.jit
@@ -34,24 +34,27 @@ def _rms_norm_indexed_scale_shift_kernel(
     eps,
     SM90_BF16_AFFINE: tl.constexpr,  # spec §5.3 rounding instead of fp32 with one rounding
     OUT_BF16: tl.constexpr,  # round the result to bf16 before the store (the store then converts exactly)
-    BLOCK_SIZE: tl.constexpr,  # power of two >= hidden
+    BLOCK_SIZE: tl.constexpr,  # columns per chunk (power of two); the row is streamed in chunks
 ):
     # This program owns one row of x: row = row_offset + program id, i.e. batch item row // S, position row % S.
     row = tl.program_id(0).to(tl.int64) + row_offset
     batch = row // seq_len
     position = row % seq_len
     table_row = tl.load(indices_ptr + position).to(tl.int64)
-    columns = tl.arange(0, BLOCK_SIZE)
-    mask = columns < hidden
+    x_row_ptr = x_ptr + batch * stride_x_batch + position * stride_x_row
+    rstd = row_rstd(x_row_ptr, hidden, eps, BLOCK_SIZE)
 
-    x = tl.load(x_ptr + batch * stride_x_batch + position * stride_x_row + columns, mask=mask, other=0.0)
-    weight = tl.load(weight_ptr + columns, mask=mask, other=0.0).to(tl.float32)
-    shift = tl.load(shift_ptr + table_row * stride_shift_row + columns, mask=mask, other=0.0)
-    scale = tl.load(scale_ptr + table_row * stride_scale_row + columns, mask=mask, other=0.0)
-    out = rms_norm_modulate(x.to(tl.float32), weight, shift, scale, mask, hidden, eps, SM90_BF16_AFFINE)
-    if OUT_BF16:
-        out = round_to_bf16(out)
-    tl.store(out_ptr + row * hidden + columns, out, mask=mask)
+    for start in range(0, hidden, BLOCK_SIZE):  # second pass over the row: normalize, modulate, store
+        columns = start + tl.arange(0, BLOCK_SIZE)
+        mask = columns < hidden
+        x = tl.load(x_row_ptr + columns, mask=mask, other=0.0).to(tl.float32)
+        weight = tl.load(weight_ptr + columns, mask=mask, other=0.0).to(tl.float32)
+        shift = tl.load(shift_ptr + table_row * stride_shift_row + columns, mask=mask, other=0.0)
+        scale = tl.load(scale_ptr + table_row * stride_scale_row + columns, mask=mask, other=0.0)
+        out = normalize_modulate(x, rstd, weight, shift, scale, SM90_BF16_AFFINE)
+        if OUT_BF16:
+            out = round_to_bf16(out)
+        tl.store(out_ptr + row * hidden + columns, out, mask=mask)
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, indices: torch.Tensor,

@@ -31,24 +31,25 @@ def _indexed_scale_shift_kernel(
     stride_scale_row,
     row_offset,  # first row of this launch (row chunking)
     OUT_BF16: tl.constexpr,  # x is bf16: round before the store
-    BLOCK_SIZE: tl.constexpr,  # power of two >= hidden
+    BLOCK_SIZE: tl.constexpr,  # columns per chunk (power of two); the row is streamed in chunks
 ):
     # This program owns one row of x: row = row_offset + program id, i.e. batch item row // S, position row % S.
     row = tl.program_id(0).to(tl.int64) + row_offset
     batch = row // seq_len
     position = row % seq_len
     table_row = tl.load(indices_ptr + position).to(tl.int64)
-    columns = tl.arange(0, BLOCK_SIZE)
-    mask = columns < hidden
+    x_row_ptr = x_ptr + batch * stride_x_batch + position * stride_x_row
 
-    x_row_ptr = x_ptr + batch * stride_x_batch + position * stride_x_row + columns
-    x = tl.load(x_row_ptr, mask=mask, other=0.0).to(tl.float32)
-    shift = tl.load(shift_ptr + table_row * stride_shift_row + columns, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.load(scale_ptr + table_row * stride_scale_row + columns, mask=mask, other=0.0).to(tl.float32)
-    out = x * (1.0 + scale) + shift
-    if OUT_BF16:
-        out = round_to_bf16(out)
-    tl.store(x_row_ptr, out, mask=mask)
+    for start in range(0, hidden, BLOCK_SIZE):
+        columns = start + tl.arange(0, BLOCK_SIZE)
+        mask = columns < hidden
+        x = tl.load(x_row_ptr + columns, mask=mask, other=0.0).to(tl.float32)
+        shift = tl.load(shift_ptr + table_row * stride_shift_row + columns, mask=mask, other=0.0).to(tl.float32)
+        scale = tl.load(scale_ptr + table_row * stride_scale_row + columns, mask=mask, other=0.0).to(tl.float32)
+        out = x * (1.0 + scale) + shift
+        if OUT_BF16:
+            out = round_to_bf16(out)
+        tl.store(x_row_ptr + columns, out, mask=mask)
 
 
 def _launch(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, indices: torch.Tensor) -> None:

@@ -1,10 +1,13 @@
-"""Triton device functions shared by the modulation kernels: explicit bf16 rounding and RMSNorm + affine.
+"""Triton device functions shared by the modulation kernels: explicit bf16 rounding, row RMS, RMSNorm + affine.
 
 Why round by hand: under TRITON_INTERPRET=1 (Triton 3.9, CPU) an fp32 -> bf16 conversion truncates instead of
 rounding to nearest even, and arithmetic on bf16 values returns garbage; converting a value that bf16 already
 represents exactly is exact on every backend. So every kernel computes in fp32 and calls `round_to_bf16` wherever
 the semantics round (and before a bf16 store). On a GPU it costs a few integer ops per element of a memory-bound
 kernel, and makes the kernels bit-exact against the torch references on CPU and GPU alike.
+
+Rows are streamed in BLOCK_SIZE-column chunks (a loop when BLOCK_SIZE < H): few registers per program, so many
+programs share an SM and keep enough loads in flight; the second pass over a row re-reads it from L2.
 """
 from __future__ import annotations
 
@@ -23,14 +26,28 @@ def round_to_bf16(value):
 
 
 @triton.jit
-def rms_norm_modulate(u, weight, shift, scale, mask, hidden, eps, SM90_BF16_AFFINE: tl.constexpr):
-    """One row: RMSNorm_w(u) * (1 + scale) + shift in fp32; the affine in the chosen precision mode.
+def row_rstd(row_ptr, hidden, eps, BLOCK_SIZE: tl.constexpr):
+    """rsqrt(sum(x^2) / H + eps) of one row (row_ptr: its first element, columns contiguous), fp32.
 
-    u, weight: fp32 [BLOCK_SIZE] (masked columns hold 0); shift, scale: the indexed table row as loaded (storage
-    dtype, converted to fp32 here: exact). Returns fp32 values; in SM90 mode they are already bf16 values.
+    Sums per column slot across chunks, then across slots: the gate+norm kernel accumulates in the same order, so
+    both RMS ops normalize a bf16 row bit-identically.
     """
-    variance = tl.sum(u * u, axis=0) / hidden
-    normalized = u * tl.rsqrt(variance + eps) * weight
+    squares = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
+    for start in range(0, hidden, BLOCK_SIZE):
+        columns = start + tl.arange(0, BLOCK_SIZE)
+        x = tl.load(row_ptr + columns, mask=columns < hidden, other=0.0).to(tl.float32)
+        squares += x * x
+    return tl.rsqrt(tl.sum(squares, axis=0) / hidden + eps)
+
+
+@triton.jit
+def normalize_modulate(x, rstd, weight, shift, scale, SM90_BF16_AFFINE: tl.constexpr):
+    """One chunk: (x * rstd * w) * (1 + scale) + shift, in the chosen precision mode.
+
+    x, rstd, weight: fp32; shift, scale: the indexed table chunk as loaded (storage dtype; to fp32 here is exact).
+    Returns fp32; in SM90 mode the values are already bf16 values.
+    """
+    normalized = x * rstd * weight
     shift = shift.to(tl.float32)
     scale = scale.to(tl.float32)
     if SM90_BF16_AFFINE:
@@ -39,4 +56,4 @@ def rms_norm_modulate(u, weight, shift, scale, mask, hidden, eps, SM90_BF16_AFFI
         out = round_to_bf16(round_to_bf16(normalized * round_to_bf16(scale + 1.0)) + shift)
     else:
         out = normalized * (1.0 + scale) + shift
-    return tl.where(mask, out, 0.0)
+    return out

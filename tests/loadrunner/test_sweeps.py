@@ -185,3 +185,24 @@ def test_beat_refuses_invalid_schedule(sweep_env):
     assert result.returncode == 2
     assert result.stderr.strip() == ("h3batch beat: H3BATCH_SWEEP_SCHEDULE is invalid: H3BATCH_SWEEP_SCHEDULE "
                                      "entry 0: expected exactly one of `every_s` or `cron`")
+
+
+def test_compose_services_and_schedule():
+    """The compose file has only services; the worker consumes only its queue; beat's schedule is a valid sweep
+    aimed at the duplex-reference service's port."""
+    import yaml
+
+    from loadrunner.sweep_settings import parse_schedule
+
+    compose = yaml.safe_load((REPO_ROOT / "docker" / "compose.loadrunner.yml").read_text())
+    assert list(compose) == ["services"]
+    services = compose["services"]
+    assert set(services) == {"duplex-reference", "loadrunner", "beat"}
+    assert services["loadrunner"]["command"] == ["h3batch", "sweep-worker"]
+    assert services["loadrunner"]["environment"]["H3BATCH_SWEEP_QUEUE"] == "loadrunner"
+    server_cmd = services["duplex-reference"]["command"]
+    port = server_cmd[server_cmd.index("--port") + 1]
+    (entry,) = parse_schedule(services["beat"]["environment"]["H3BATCH_SWEEP_SCHEDULE"])
+    request = parse_sweep_request(entry.sweep)
+    assert request.url == f"ws://duplex-reference:{port}/v1/realtime" and entry.run_on_start
+    assert int(server_cmd[server_cmd.index("--max-sessions") + 1]) >= max(request.sessions)

@@ -60,6 +60,21 @@ def test_fp32_parity_with_diffusers(config):
     assert max_diff(audio, expected_audio) <= FP32_ATOL
 
 
+def test_fp32_kernel_free_parts_match_diffusers(t2_pair):
+    """Refiner (with condition projection), time embedding and RoPE tables equal the oracle's parts in fp32."""
+    oracle, model = t2_pair
+    inputs = t2va_inputs(T2, batch=2)
+    with torch.no_grad():
+        refined = model.refine_text(inputs.encoder_hidden_states)
+        expected_refined = oracle.token_refiner(oracle.context_embedder(inputs.encoder_hidden_states))
+        temb = model.time_embedder(inputs.timestep)
+        expected_temb = oracle.time_embedder(oracle.time_proj(inputs.timestep))
+    assert max_diff(refined, expected_refined) <= 1e-6
+    assert max_diff(temb, expected_temb) <= 1e-6
+    for got, expected in zip(model.rope(inputs.position_ids), oracle.rope(inputs.position_ids)):
+        assert torch.equal(got, expected)
+
+
 @pytest.mark.parametrize("config", [T1, T2], ids=["T1", "T2"])
 def test_bf16_parity_with_diffusers(config):
     """bf16 native (fp32 boundary modules) vs the mixed-precision bf16 oracle: both heads within 5e-2."""
