@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flask import Blueprint, current_app, g, jsonify, request, send_file
+from flask import Blueprint, Response, current_app, g, jsonify, request, send_file, stream_with_context
 from pydantic import ValidationError
 
 from api.enqueue import enqueue_render
@@ -16,9 +16,9 @@ from api.errors import ApiError
 from api.redis_client import get_redis
 from api.schemas import CreateJob, job_view
 from api.wait import wait_for_finish
-from worker import defaults
-from worker.jobs import (FINISHED, BadCursor, JobSpec, JobStatus, create_job, delete_job, list_jobs, load_job,
-                         queue_position, queued_count, random_seed, request_cancel, transition)
+from worker import defaults, keys
+from worker.jobs import (FINISHED, TERMINAL_EVENTS, BadCursor, JobSpec, JobStatus, create_job, delete_job,
+                         list_jobs, load_job, queue_position, queued_count, random_seed, request_cancel, transition)
 
 log = logging.getLogger("h3batch.api")
 bp = Blueprint("jobs", __name__)
@@ -26,6 +26,10 @@ bp = Blueprint("jobs", __name__)
 # Final 409s must not be retried by the OpenAI SDK (it retries every 409 unless told otherwise).
 _NO_RETRY = {"x-should-retry": "false"}
 _PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*(\d+)", re.IGNORECASE)
+_EVENT_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+KEEPALIVE_S = 15.0
+"""An SSE comment line at least this often keeps proxies from closing an idle event stream."""
+_EVENT_BLOCK_MS = 2000  # one XREAD BLOCK; below the Redis client's 5 s socket timeout
 
 
 def _error_code(exc: ValidationError) -> tuple[str, str]:
@@ -220,3 +224,42 @@ def content(job_id: str):
     response.headers["Accept-Ranges"] = "bytes"
     response.headers["Cache-Control"] = "private, max-age=3600"  # per-key content: never in shared caches
     return response
+
+
+@bp.get("/jobs/<job_id>/events")
+def events(job_id: str):
+    """Server-sent events: status, stage, progress, then completed/failed/cancelled, after which the stream ends.
+
+    `Last-Event-ID: <id>` replays everything after that event (ids are the Redis stream's). 400 invalid_request
+    for a malformed id; 404 job_not_found.
+    """
+    _get_owned(job_id)
+    last_id = request.headers.get("Last-Event-ID", "").strip() or "0-0"
+    if not _EVENT_ID.match(last_id):
+        raise ApiError(400, "invalid_request", f"Last-Event-ID: expected an event id like 1700000000000-0, "
+                                               f"found {last_id[:40]!r}")
+    r = get_redis()
+    stream_key = keys.events(job_id)
+
+    def generate():
+        cursor, last_write = last_id, time.monotonic()
+        while True:
+            batch = r.xread({stream_key: cursor}, count=100, block=_EVENT_BLOCK_MS)
+            for entry_id, fields in (batch[0][1] if batch else []):
+                cursor = entry_id
+                yield f"id: {entry_id}\nevent: {fields['event']}\ndata: {fields['data']}\n\n"
+                last_write = time.monotonic()
+                if fields["event"] in TERMINAL_EVENTS:
+                    return
+            if not batch:
+                status = r.hget(keys.job(job_id), "status")
+                if status is None or status == JobStatus.EXPIRED.value:
+                    return  # deleted or expired: nothing more will come
+                if status in {s.value for s in FINISHED} and not r.xread({stream_key: cursor}, count=1):
+                    return  # finished and the client already has the terminal event
+                if time.monotonic() - last_write >= KEEPALIVE_S:
+                    yield ": keep-alive\n\n"
+                    last_write = time.monotonic()
+
+    return Response(stream_with_context(generate()), mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

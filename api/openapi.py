@@ -40,6 +40,7 @@ _LINKS = {
     "CancelJob": {"operationId": "cancelJob", "parameters": {"job_id": "$response.body#/id"}},
     "DeleteJob": {"operationId": "deleteJob", "parameters": {"job_id": "$response.body#/id"}},
     "GetContent": {"operationId": "getJobContent", "parameters": {"job_id": "$response.body#/id"}},
+    "GetEvents": {"operationId": "getJobEvents", "parameters": {"job_id": "$response.body#/id"}},
 }
 
 
@@ -84,6 +85,16 @@ def _paths() -> dict[str, Any]:
                             "type": "string", "format": "binary"}}}},
                         "304": {"description": "Not modified (If-None-Match)"},
                         **_errors(401, 404, 409, 410, 416, 503)}},
+        },
+        "/jobs/{job_id}/events": {
+            "get": {"operationId": "getJobEvents", "summary": "Server-sent events until the job finishes",
+                    "parameters": [_JOB_ID, {"name": "Last-Event-ID", "in": "header", "required": False,
+                                             "schema": {"type": "string", "pattern": r"^\d+-\d+$"},
+                                             "description": "Replay the events after this one."}],
+                    "responses": {"200": {"description": "`text/event-stream`; `event:` is status, stage, "
+                                                         "progress, completed, failed or cancelled; `data:` JSON",
+                                          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                                  **_errors(400, 401, 404, 503)}},
         },
         "/healthz": {"get": {"operationId": "healthz", "summary": "Process alive", "security": [],
                              "responses": {"200": {"description": "Alive"}}}},

@@ -78,6 +78,7 @@ class JobLinks(BaseModel):
     self: str
     content: str
     cancel: str
+    events: str
 
 
 class Job(BaseModel):
@@ -144,6 +145,7 @@ def job_view(record: dict[str, Any], queue_position: int | None) -> dict[str, An
         attempt=record.get("attempt") or 0, worker=record.get("worker"),
         cancel_reason=record.get("cancel_reason"), cancelled_at_stage=record.get("cancelled_at_stage"),
         error=record.get("error"),
-        links=JobLinks(self=f"/jobs/{job_id}", content=f"/jobs/{job_id}/content", cancel=f"/jobs/{job_id}/cancel"),
+        links=JobLinks(self=f"/jobs/{job_id}", content=f"/jobs/{job_id}/content", cancel=f"/jobs/{job_id}/cancel",
+                       events=f"/jobs/{job_id}/events"),
     )
     return view.model_dump(mode="json")

@@ -2,13 +2,14 @@
 
 One run measures, on one CUDA device: the device copy bandwidth (torch copy_), and per op the eager torch reference,
 torch.compile of that reference, and the Triton kernel, in the precision the automatic dispatch picks (sm90 on
-Hopper). Times are CUDA-event medians of many reps after warm-up; compile time is reported apart. Achieved GB/s
-counts the bytes an op must move (activations read and written, tables, weight, indices) over its time.
+Hopper; the RMS ops also in generic). Times are CUDA-event medians of many reps of 10 back-to-back calls, after
+warm-up; first-call (compile) time is reported apart. Achieved GB/s counts the bytes an op must move (activations
+read and written, tables, weight, indices) over its time.
 
-    python bench/modulation.py [--rows 32740] [--hidden 5376] [--reps 50] [--sweep-warps 4,8,16]
+    python bench/modulation.py [--rows 32740] [--hidden 5376] [--reps 30] [--sweep 1024:4,8192:8]
 
-Prints a table; writes `modulation.json` under $OUT when OUT is set. `--sweep-warps` also times the Triton kernels
-at other warp counts (by patching each launcher's block_config; the default heuristic is the first row).
+Prints a table; writes `modulation.json` under $OUT when OUT is set. `--sweep BLOCK:WARPS,...` also times the Triton
+kernels at other chunk sizes and warp counts (by patching each launcher's block_config; the table shows the default).
 """
 from __future__ import annotations
 
@@ -47,8 +48,12 @@ class Row:
     compile_s: float | None = None
 
 
-def time_ms(fn: Callable[[], object], reps: int, warmup: int = 5) -> float:
-    """Median CUDA-event time of one call, after warm-up."""
+def time_ms(fn: Callable[[], object], reps: int, inner: int = 10, warmup: int = 3) -> float:
+    """Median over reps of (CUDA-event time of `inner` back-to-back calls) / inner, after warm-up.
+
+    Back-to-back calls let the host run ahead of the GPU, as it does inside the DiT, so Python dispatch time is
+    hidden unless it exceeds the kernel time.
+    """
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -56,10 +61,11 @@ def time_ms(fn: Callable[[], object], reps: int, warmup: int = 5) -> float:
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(inner):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / inner)
     return statistics.median(times)
 
 
@@ -107,11 +113,17 @@ def op_table(t: dict, mode) -> dict[str, dict]:
             "triton": lambda: kernels.indexed_gate_rms_norm_scale_shift(
                 t["x"], t["gate"], t["branch"], t["weight"], t["shift"], t["scale"], t["indices"], EPS,
                 precision=mode, backend="triton"),
+            "triton_generic": lambda: kernels.indexed_gate_rms_norm_scale_shift(
+                t["x"], t["gate"], t["branch"], t["weight"], t["shift"], t["scale"], t["indices"], EPS,
+                precision="generic", backend="triton"),
             "bytes": 4 * act + 3 * table + small, "module": gate_rms_norm_scale_shift},
         "rms_norm_indexed_scale_shift": {
             "ref": rms_ref, "args": (t["x"], t["weight"], t["shift"], t["scale"], t["indices"]),
             "triton": lambda: kernels.rms_norm_indexed_scale_shift(
                 t["x"], t["weight"], t["shift"], t["scale"], t["indices"], EPS, precision=mode, backend="triton"),
+            "triton_generic": lambda: kernels.rms_norm_indexed_scale_shift(
+                t["x"], t["weight"], t["shift"], t["scale"], t["indices"], EPS, precision="generic",
+                backend="triton"),
             "bytes": 2 * act + 2 * table + small, "module": rms_norm_scale_shift},
         "indexed_scale_shift_": {
             "ref": scale_shift_ref, "args": (x_scratch, t["shift"], t["scale"], t["indices"]),
@@ -144,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=32740)
     parser.add_argument("--hidden", type=int, default=5376)
     parser.add_argument("--table-rows", type=int, default=6)
-    parser.add_argument("--reps", type=int, default=50)
-    parser.add_argument("--sweep-warps", default="", help="comma-separated warp counts to time besides the default")
+    parser.add_argument("--reps", type=int, default=30, help="timed reps of 10 back-to-back calls each")
+    parser.add_argument("--sweep", default="", help="comma-separated BLOCK:WARPS launch configs to time as well")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile baselines")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -189,32 +201,38 @@ def main(argv: list[str] | None = None) -> int:
         if compile_ms is not None:
             rows.append(row("compile", compile_ms, compile_s))
         rows.append(row("triton", triton_ms, triton_first_s))
+        if "triton_generic" in spec and mode.value != "generic":
+            rows.append(row("triton/generic", time_ms(spec["triton_generic"], args.reps), None))
 
         module = spec["module"]
-        for warps in [int(w) for w in args.sweep_warps.split(",") if w]:
+        for config in [c for c in args.sweep.split(",") if c]:
+            block, warps = (int(v) for v in config.split(":"))
             original = module.block_config
-            module.block_config = lambda hidden, w=warps: (original(hidden)[0], w)
+            module.block_config = lambda hidden, b=block, w=warps: (b, w)
             try:
                 ms = time_ms(spec["triton"], args.reps)
             finally:
                 module.block_config = original
-            sweep.append({"op": name, "num_warps": warps, "ms": ms, "gbps": spec["bytes"] / ms / 1e6})
+            sweep.append({"op": name, "block": block, "num_warps": warps, "ms": ms,
+                          "gbps": spec["bytes"] / ms / 1e6})
 
     device_name = torch.cuda.get_device_name()
-    header = (f"{device_name} (cc {'.'.join(map(str, torch.cuda.get_device_capability()))}), torch {torch.__version__}, "
-              f"triton {triton.__version__}; {args.rows} x {args.hidden} bf16, K={args.table_rows}, "
-              f"precision {mode.value}, default block/warps {block_config(args.hidden)}, median of {args.reps}")
+    capability = ".".join(map(str, torch.cuda.get_device_capability()))
+    header = (f"{device_name} (cc {capability}), torch {torch.__version__}, triton {triton.__version__}; "
+              f"{args.rows} x {args.hidden} bf16, K={args.table_rows}, precision {mode.value}, "
+              f"default block/warps {block_config(args.hidden)}, median of {args.reps} x 10 calls")
     print(header)
     print(f"device copy bandwidth (torch copy_, read+write): {copy_gbps:.0f} GB/s ({copy_ms:.3f} ms)")
-    print(f"{'op':36s} {'impl':8s} {'ms':>8s} {'GB/s':>7s} {'of copy':>8s} {'vs eager':>9s} {'vs compile':>10s}"
+    print(f"{'op':36s} {'impl':14s} {'ms':>8s} {'GB/s':>7s} {'of copy':>8s} {'vs eager':>9s} {'vs compile':>10s}"
           f" {'first call s':>12s}")
     for r in rows:
         vs_compile = f"{r.speedup_vs_compile:9.2f}x" if r.speedup_vs_compile else f"{'-':>10s}"
         first = f"{r.compile_s:12.2f}" if r.compile_s is not None else f"{'-':>12s}"
-        print(f"{r.op:36s} {r.impl:8s} {r.ms:8.3f} {r.gbps:7.0f} {r.copy_fraction:8.1%} {r.speedup_vs_eager:8.2f}x "
+        print(f"{r.op:36s} {r.impl:14s} {r.ms:8.3f} {r.gbps:7.0f} {r.copy_fraction:8.1%} {r.speedup_vs_eager:8.2f}x "
               f"{vs_compile} {first}")
     for s in sweep:
-        print(f"sweep {s['op']:36s} num_warps={s['num_warps']:2d} {s['ms']:8.3f} ms {s['gbps']:7.0f} GB/s "
+        print(f"sweep {s['op']:36s} block={s['block']:5d} warps={s['num_warps']:2d} {s['ms']:8.3f} ms "
+              f"{s['gbps']:7.0f} GB/s "
               f"({s['gbps'] / copy_gbps:.1%} of copy)")
     print("triton vs eager at full size:", json.dumps(agreement))
 
@@ -225,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             "git_rev": os.environ.get("H3BATCH_GIT_REV", "unknown"), "host": platform.node(),
             "rows": args.rows, "hidden": args.hidden, "table_rows": args.table_rows, "reps": args.reps,
             "precision": mode.value, "copy_gbps": copy_gbps, "copy_ms": copy_ms,
-            "results": [asdict(r) for r in rows], "warp_sweep": sweep, "agreement": agreement,
+            "results": [asdict(r) for r in rows], "launch_sweep": sweep, "agreement": agreement,
         }, indent=2))
         print(f"wrote {out}")
     return 0

@@ -2,6 +2,9 @@
 
 Every op takes `precision=None | "generic" | "sm90_bf16_affine"` and `backend=None | "triton" | "torch"` keywords
 (None = env var H3BATCH_MODULATION_PRECISION / H3BATCH_KERNEL_BACKEND, else automatic). See docs/kernels.md.
+
+Written here rather than reused: the public implementation (vllm-omni's `indexed_modulation.py`) imports vLLM, and
+rounds with in-kernel bf16 casts that the Triton interpreter gets wrong, so its Hopper path cannot be tested on CPU.
 """
 from kernels.gate import indexed_gate
 from kernels.gate_rms_norm_scale_shift import indexed_gate_rms_norm_scale_shift

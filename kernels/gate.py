@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from kernels.modulation_common import (
-    Backend, Precision, block_config, check_activation, check_indices, check_table, launch_plan, resolve_backend,
-    resolve_precision, rows_of,
+    Backend, Precision, block_config, check_activation, check_indices, check_table, is_interpreted, launch_plan,
+    resolve_backend, resolve_precision, rows_of,
 )
 from kernels.triton_math import round_to_bf16
 
@@ -33,6 +33,7 @@ def _indexed_gate_kernel(
     stride_gate_row,
     row_offset,  # first row of this launch (row chunking)
     OUT_BF16: tl.constexpr,  # output is bf16: round before the store
+    NATIVE_CAST: tl.constexpr,  # compiled kernel: round with the hardware cast (the interpreter's truncates)
     BLOCK_SIZE: tl.constexpr,  # columns per chunk (power of two); the row is streamed in chunks
 ):
     # This program owns one row: row = row_offset + program id, i.e. batch item row // S, position row % S.
@@ -51,7 +52,7 @@ def _indexed_gate_kernel(
         gate = tl.load(gate_ptr + table_row * stride_gate_row + columns, mask=mask, other=0.0).to(tl.float32)
         out = x + gate * other
         if OUT_BF16:
-            out = round_to_bf16(out)
+            out = round_to_bf16(out, NATIVE_CAST)
         tl.store(out_ptr + row * hidden + columns, out, mask=mask)
 
 
@@ -59,12 +60,13 @@ def _launch(x: torch.Tensor, gate: torch.Tensor, other: torch.Tensor, indices: t
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rows, seq_len, stride_x_batch, stride_x_row = rows_of(x)
     _, _, stride_other_batch, stride_other_row = rows_of(other)
+    native_cast = not is_interpreted(_indexed_gate_kernel)
     block, warps = block_config(x.shape[-1])
     for row_offset, grid_rows in launch_plan(rows, x.device):
         _indexed_gate_kernel[(grid_rows,)](
             out, x, gate, other, indices, seq_len, x.shape[-1], stride_x_batch, stride_x_row,
             stride_other_batch, stride_other_row, gate.stride(0), row_offset,
-            OUT_BF16=x.dtype == torch.bfloat16, BLOCK_SIZE=block, num_warps=warps,
+            OUT_BF16=x.dtype == torch.bfloat16, NATIVE_CAST=native_cast, BLOCK_SIZE=block, num_warps=warps,
             enable_fp_fusion=False,  # no FMA: each op rounds like torch's
         )
     return out

@@ -1,4 +1,4 @@
-"""indexed_gate_rms_norm_scale_shift: gated residual update, then RMSNorm and indexed AdaLN affine, in one pass.
+"""indexed_gate_rms_norm_scale_shift: gated residual update, then RMSNorm and indexed AdaLN affine, in one kernel.
 
 Spec h3-model.md §5.1 (used at §4.3 step 6.4): `u = residual + gate[i] * branch`, `residual_out = bf16(u)`,
 `modulated = RMSNorm_w(bf16(u)) * (1 + scale[i]) + shift[i]`, `i = indices[r]`. The bf16 round trip of `u` is on in
@@ -13,7 +13,7 @@ import triton.language as tl
 
 from kernels.modulation_common import (
     Backend, Precision, block_config, check_activation, check_eps, check_indices, check_table, check_weight,
-    launch_plan, reference_rms_modulate, resolve_backend, resolve_precision, round_bf16, rows_of,
+    is_interpreted, launch_plan, reference_rms_modulate, resolve_backend, resolve_precision, round_bf16, rows_of,
 )
 from kernels.triton_math import normalize_modulate, round_to_bf16
 
@@ -42,6 +42,7 @@ def _indexed_gate_rms_norm_scale_shift_kernel(
     eps,
     SM90_BF16_AFFINE: tl.constexpr,  # spec §5.3 rounding of the normalized part
     OUT_BF16: tl.constexpr,  # outputs are bf16: round `modulated` before the store
+    NATIVE_CAST: tl.constexpr,  # compiled kernel: round with the hardware cast (the interpreter's truncates)
     BLOCK_SIZE: tl.constexpr,  # columns per chunk (power of two); the row is streamed in chunks
 ):
     # This program owns one row: row = row_offset + program id, i.e. batch item row // S, position row % S.
@@ -54,16 +55,18 @@ def _indexed_gate_rms_norm_scale_shift_kernel(
     out_row_ptr = residual_out_ptr + row * hidden
 
     # Pass 1: u = bf16(residual + gate * branch), always bf16 (spec §5.2); store it and sum its squares in the same
-    # chunk order as row_rstd, so `modulated` is bit-identical to the RMS op applied to residual_out.
+    # chunk order as row_rstd, so `modulated` is bit-identical to the RMS op applied to residual_out. Cache hints
+    # (evict_last on what pass 2 re-reads and on the tables, evict_first on the rest) measured ~2% faster here.
     squares = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
     for start in range(0, hidden, BLOCK_SIZE):
         columns = start + tl.arange(0, BLOCK_SIZE)
         mask = columns < hidden
-        residual = tl.load(residual_row_ptr + columns, mask=mask, other=0.0).to(tl.float32)
-        branch = tl.load(branch_row_ptr + columns, mask=mask, other=0.0).to(tl.float32)
-        gate = tl.load(gate_ptr + table_row * stride_gate_row + columns, mask=mask, other=0.0).to(tl.float32)
-        updated = round_to_bf16(residual + gate * branch)
-        tl.store(out_row_ptr + columns, updated, mask=mask)
+        residual = tl.load(residual_row_ptr + columns, mask=mask, other=0.0, eviction_policy="evict_first")
+        branch = tl.load(branch_row_ptr + columns, mask=mask, other=0.0, eviction_policy="evict_first")
+        gate = tl.load(gate_ptr + table_row * stride_gate_row + columns, mask=mask, other=0.0,
+                       eviction_policy="evict_last")
+        updated = round_to_bf16(residual.to(tl.float32) + gate.to(tl.float32) * branch.to(tl.float32), NATIVE_CAST)
+        tl.store(out_row_ptr + columns, updated, mask=mask, eviction_policy="evict_last")  # re-read in pass 2
         squares += updated * updated
     rstd = tl.rsqrt(tl.sum(squares, axis=0) / hidden + eps)
     tl.debug_barrier()  # pass 2 re-reads residual_out written by other threads of this program
@@ -72,14 +75,17 @@ def _indexed_gate_rms_norm_scale_shift_kernel(
     for start in range(0, hidden, BLOCK_SIZE):
         columns = start + tl.arange(0, BLOCK_SIZE)
         mask = columns < hidden
-        updated = tl.load(out_row_ptr + columns, mask=mask, other=0.0).to(tl.float32)
-        weight = tl.load(weight_ptr + columns, mask=mask, other=0.0).to(tl.float32)
-        shift = tl.load(shift_ptr + table_row * stride_shift_row + columns, mask=mask, other=0.0)
-        scale = tl.load(scale_ptr + table_row * stride_scale_row + columns, mask=mask, other=0.0)
-        out = normalize_modulate(updated, rstd, weight, shift, scale, SM90_BF16_AFFINE)
-        if OUT_BF16:
-            out = round_to_bf16(out)
-        tl.store(modulated_ptr + row * hidden + columns, out, mask=mask)
+        updated = tl.load(out_row_ptr + columns, mask=mask, other=0.0, eviction_policy="evict_first")
+        updated = updated.to(tl.float32)
+        weight = tl.load(weight_ptr + columns, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        shift = tl.load(shift_ptr + table_row * stride_shift_row + columns, mask=mask, other=0.0,
+                        eviction_policy="evict_last")
+        scale = tl.load(scale_ptr + table_row * stride_scale_row + columns, mask=mask, other=0.0,
+                        eviction_policy="evict_last")
+        out = normalize_modulate(updated, rstd, weight, shift, scale, SM90_BF16_AFFINE, NATIVE_CAST)
+        if OUT_BF16 and not SM90_BF16_AFFINE:  # SM90 results are bf16 values already
+            out = round_to_bf16(out, NATIVE_CAST)
+        tl.store(modulated_ptr + row * hidden + columns, out, mask=mask, eviction_policy="evict_first")
 
 
 def _launch(residual, gate, branch, weight, shift, scale, indices, eps, precision):
@@ -88,6 +94,7 @@ def _launch(residual, gate, branch, weight, shift, scale, indices, eps, precisio
     rows, seq_len, stride_residual_batch, stride_residual_row = rows_of(residual)
     _, _, stride_branch_batch, stride_branch_row = rows_of(branch)
     hidden = residual.shape[-1]
+    native_cast = not is_interpreted(_indexed_gate_rms_norm_scale_shift_kernel)
     block, warps = block_config(hidden)
     for row_offset, grid_rows in launch_plan(rows, residual.device):
         _indexed_gate_rms_norm_scale_shift_kernel[(grid_rows,)](
@@ -95,7 +102,8 @@ def _launch(residual, gate, branch, weight, shift, scale, indices, eps, precisio
             stride_residual_batch, stride_residual_row, stride_branch_batch, stride_branch_row,
             gate.stride(0), shift.stride(0), scale.stride(0), row_offset, float(eps),
             SM90_BF16_AFFINE=precision is Precision.SM90_BF16_AFFINE, OUT_BF16=residual.dtype == torch.bfloat16,
-            BLOCK_SIZE=block, num_warps=warps, enable_fp_fusion=False,  # no FMA: each op rounds like torch's
+            NATIVE_CAST=native_cast, BLOCK_SIZE=block, num_warps=warps,
+            enable_fp_fusion=False,  # no FMA: each op rounds like torch's
         )
     return residual_out, modulated
 

@@ -31,8 +31,13 @@ MAX_ROWS_PER_LAUNCH = 65535
 CUDA_MAX_GRID_ROWS = 2**31 - 1
 """CUDA grid x-dimension limit: CUDA launches one grid of R rows (spec §5.1)."""
 
-MAX_BLOCK_SIZE = 16384
-"""Widest row one program holds in registers (fp32 per element); wider hidden sizes are refused."""
+CHUNK_COLUMNS = 2048
+"""Columns one program handles per loop step; rows wider than this are streamed in chunks (H200 sweep in
+docs/benchmarks.md). Both RMS ops must use the same chunking: it fixes their fp32 summation order, and the spec's
+residual-boundary test needs the two to normalize a row bit-identically."""
+
+MAX_HIDDEN = 65536
+"""Widest row the one-program-per-row kernels accept; wider rows would want a split-row kernel."""
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -92,6 +97,11 @@ def triton_interpret_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
+def is_interpreted(kernel: object) -> bool:
+    """True for a @triton.jit object built under TRITON_INTERPRET=1 (it runs on CPU; its bf16 casts truncate)."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
 def resolve_backend(backend: Backend | str | None, device: torch.device, kernel: object) -> Backend:
     """Argument, else env var, else triton on CUDA and on CPU only under TRITON_INTERPRET=1 (torch otherwise).
 
@@ -104,8 +114,7 @@ def resolve_backend(backend: Backend | str | None, device: torch.device, kernel:
         backend = Backend.TRITON if device.type == "cuda" or triton_interpret_requested() else Backend.TORCH
     choice = _parse_enum(Backend, backend, "backend")
     if choice is Backend.TRITON:
-        interpreted = type(kernel).__name__ == "InterpretedFunction"
-        if device.type == "cpu" and not interpreted:
+        if device.type == "cpu" and not is_interpreted(kernel):
             raise ValueError("backend: triton on CPU tensors needs TRITON_INTERPRET=1 set before `kernels` is "
                              "imported; use backend='torch' or CUDA tensors")
         if device.type not in ("cpu", "cuda"):
@@ -231,10 +240,11 @@ def launch_plan(rows: int, device: torch.device) -> list[tuple[int, int]]:
 
 
 def block_config(hidden: int) -> tuple[int, int]:
-    """(BLOCK_SIZE, num_warps) for a row of `hidden` elements: next power of two, 1..8 warps; refuses wider rows."""
-    block = 1 << max(0, (hidden - 1).bit_length())
-    if block > MAX_BLOCK_SIZE:
-        raise ValueError(f"hidden size: at most {MAX_BLOCK_SIZE} columns fit one program, got {hidden}")
+    """(BLOCK_SIZE, num_warps) for rows of `hidden` columns: a power-of-two chunk <= CHUNK_COLUMNS, 8 bf16 per
+    thread per chunk (one 16-byte load) up to 8 warps; refuses rows over MAX_HIDDEN."""
+    if hidden > MAX_HIDDEN:
+        raise ValueError(f"hidden size: at most {MAX_HIDDEN} columns per row are supported, got {hidden}")
+    block = min(1 << max(0, (hidden - 1).bit_length()), CHUNK_COLUMNS)
     return block, min(max(block // 256, 1), 8)
 
 

@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from kernels.modulation_common import (
-    Backend, Precision, block_config, check_activation, check_indices, check_table, launch_plan, resolve_backend,
-    resolve_precision, rows_of,
+    Backend, Precision, block_config, check_activation, check_indices, check_table, is_interpreted, launch_plan,
+    resolve_backend, resolve_precision, rows_of,
 )
 from kernels.triton_math import round_to_bf16
 
@@ -31,6 +31,7 @@ def _indexed_scale_shift_kernel(
     stride_scale_row,
     row_offset,  # first row of this launch (row chunking)
     OUT_BF16: tl.constexpr,  # x is bf16: round before the store
+    NATIVE_CAST: tl.constexpr,  # compiled kernel: round with the hardware cast (the interpreter's truncates)
     BLOCK_SIZE: tl.constexpr,  # columns per chunk (power of two); the row is streamed in chunks
 ):
     # This program owns one row of x: row = row_offset + program id, i.e. batch item row // S, position row % S.
@@ -48,18 +49,19 @@ def _indexed_scale_shift_kernel(
         scale = tl.load(scale_ptr + table_row * stride_scale_row + columns, mask=mask, other=0.0).to(tl.float32)
         out = x * (1.0 + scale) + shift
         if OUT_BF16:
-            out = round_to_bf16(out)
+            out = round_to_bf16(out, NATIVE_CAST)
         tl.store(x_row_ptr + columns, out, mask=mask)
 
 
 def _launch(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, indices: torch.Tensor) -> None:
     rows, seq_len, stride_batch, stride_row = rows_of(x)
+    native_cast = not is_interpreted(_indexed_scale_shift_kernel)
     block, warps = block_config(x.shape[-1])
     for row_offset, grid_rows in launch_plan(rows, x.device):
         _indexed_scale_shift_kernel[(grid_rows,)](
             x, shift, scale, indices, seq_len, x.shape[-1], stride_batch, stride_row,
             shift.stride(0), scale.stride(0), row_offset,
-            OUT_BF16=x.dtype == torch.bfloat16, BLOCK_SIZE=block, num_warps=warps,
+            OUT_BF16=x.dtype == torch.bfloat16, NATIVE_CAST=native_cast, BLOCK_SIZE=block, num_warps=warps,
             enable_fp_fusion=False,  # no FMA: each op rounds like torch's
         )
 
@@ -71,7 +73,8 @@ def reference_indexed_scale_shift(x: torch.Tensor, shift: torch.Tensor, scale: t
 
 
 def indexed_scale_shift_(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, indices: torch.Tensor, *,
-                         precision: Precision | str | None = None, backend: Backend | str | None = None) -> torch.Tensor:
+                         precision: Precision | str | None = None,
+                         backend: Backend | str | None = None) -> torch.Tensor:
     """Indexed AdaLN affine written into x; returns x. x: [R, H] or [B, S, H]; shift, scale [K, H]; indices [S]."""
     check_activation("x", x)
     check_table("shift", shift, x)

@@ -38,7 +38,7 @@ def render(rows: list[dict], out_dir: Path, title: str, ceilings: dict | None = 
     names = []
     ceilings = ceilings or {}
     for stem, column, ylabel, ref, ref_label in PLOTS:
-        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+        fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=100)
         for frames, points in sorted(_series(rows, column).items()):
             by_n: dict[int, list] = {}
             for n, value, ok, warn in points:
@@ -78,7 +78,7 @@ def render(rows: list[dict], out_dir: Path, title: str, ceilings: dict | None = 
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent sessions (log2)")
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{title}\no pass   x fail   △ pacing warning", fontsize=9)
+        ax.set_title(f"{title}\no pass   x fail   △ pacing warning", fontsize=7)
         ax.grid(True, which="both", alpha=0.3)
         handles, labels = ax.get_legend_handles_labels()
         if handles:

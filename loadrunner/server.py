@@ -131,7 +131,8 @@ class RealtimeSession:
         """Schedule output frame k for input frame k on the shared worker (or after the processing delay)."""
         loop = asyncio.get_running_loop()
         share = wire_bytes / max(1, len(frames))
-        self.pending_input_bytes += wire_bytes if frames else 0
+        if frames:
+            self.pending_input_bytes += wire_bytes
         epoch = self.epoch
         for frame in frames:
             self.conn.state.frames += 1
@@ -250,12 +251,16 @@ class RealtimeConnection:
                     return
             while True:
                 idle = config.idle_timeout_s
-                async with asyncio.timeout(idle if idle > 0 else None):
-                    raw = await self.websocket.recv()
-                message = await self.parse(raw)
-                if message is not None and not await self.handle(message):
+                try:
+                    async with asyncio.timeout(idle if idle > 0 else None):
+                        raw = await self.websocket.recv()
+                except TimeoutError:
+                    await self.expire("idle_ttl_expired")
                     return
-        except (ConnectionClosed, TimeoutError):
+                message = await self.parse(raw)
+                if message is not None and not await self.handle(message, len(raw)):
+                    return
+        except ConnectionClosed:
             return
         finally:
             await self.release()
@@ -297,8 +302,8 @@ class RealtimeConnection:
             await self.send(event)
         return True
 
-    async def handle(self, message: dict) -> bool:
-        """Act on one client message; False when the connection must end."""
+    async def handle(self, message: dict, wire_bytes: int = 0) -> bool:
+        """Act on one client message (`wire_bytes` long); False when the connection must end."""
         kind, client_event_id = message["type"], message.get("event_id")
         session = self.session
         if kind == "session.update":
@@ -342,7 +347,7 @@ class RealtimeConnection:
             if refused is not None:
                 await self.send_error(*refused, client_event_id)
                 return True
-            session.accept_frames(frames, len(json.dumps(message)) if frames else 0)
+            session.accept_frames(frames, wire_bytes)
             return True
         if kind in ("response.cancel", "output_audio_buffer.clear"):
             await session.cancel_response()
@@ -363,6 +368,13 @@ class RealtimeConnection:
         await self.send({"type": "session.closed", "session_id": session_id, "reason": reason,
                          "event": {"type": "session.closed", "reason": reason}})
         await self.websocket.close(1000, reason)
+
+    async def expire(self, reason: str) -> None:
+        """No client message for the idle TTL: release, `session.expired`, close with reason `timeout`."""
+        session_id = self.session.id if self.session else None
+        await self.release()
+        await self.send({"type": "session.expired", "session_id": session_id, "reason": reason})
+        await self.websocket.close(1000, "timeout")
 
     async def release(self) -> None:
         if self.session is not None and not self.session.closed:

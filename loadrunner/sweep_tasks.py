@@ -85,8 +85,13 @@ def execute_point(settings: SweepSettings, r: redis.Redis, sweep_id: str, point_
         if not Path(input_wav).exists():
             write_builtin_input(Path(input_wav))
     argv = driver_argv(request, point, input_wav, str(point_dir))
+    input_sha256 = hashlib.sha256(Path(input_wav).read_bytes()).hexdigest() if Path(input_wav).is_file() else None
+    if request.expected_input_sha256 is None and input_sha256 is not None:
+        # Pin the input the point measured: a changed file aborts the run instead of silently mixing inputs.
+        argv += ["--expected-input-sha256", input_sha256]
     entry = {"id": point.id, "sessions": point.sessions, "load_frames": point.load_frames,
              "repetition": point.repetition, "parameters": argv, "server_url": request.url,
+             "input_sha256": input_sha256,
              "labels": request.labels, "server_command": request.labels.get("server_command"),
              "checkpoint_revision": request.labels.get("server_revision"),
              "hardware": request.labels.get("server_hardware"), "driver_host": platform.node(),
@@ -130,8 +135,8 @@ def finalize(settings: SweepSettings, r: redis.Redis, sweep_id: str) -> dict:
     sweep_dir = settings.results_dir / sweep_id
     sweep_dir.mkdir(parents=True, exist_ok=True)
     request = record["request"]
-    title = f"sweep {sweep_id}  {request.get('url')}  " + " ".join(f"{k}={v}" for k, v in
-                                                                  sorted(request.get("labels", {}).items()))
+    labels = " ".join(f"{k}={v}" for k, v in sorted(request.get("labels", {}).items()))
+    title = f"sweep {sweep_id}  {request.get('url')}\n{labels}"
     plots = render(rows, sweep_dir, title, {"max_client_rtf": request.get("max_client_rtf")})
     (sweep_dir / "summary.csv").write_text(to_csv(rows), encoding="utf-8")
     summary = {"sweep_id": sweep_id, "points": rows,

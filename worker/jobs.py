@@ -66,6 +66,8 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
 _INT_FIELDS = {"step", "total_steps", "width", "height", "seed", "seq", "attempt", "frames", "size_bytes"}
 _FLOAT_FIELDS = {"progress", "seconds", "created_at", "started_at", "finished_at", "expires_at"}
 _JSON_FIELDS = {"timings", "tokens", "error"}
+_EVENT_FIELDS = ("attempt", "stage", "progress", "error", "cancel_reason", "cancelled_at_stage")
+"""Fields of a transition's update copied into its event."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,18 @@ def _decode(raw: dict[str, str]) -> dict[str, Any]:
     return job
 
 
+EVENTS_KEPT = 1024
+"""Events kept per job (approximate XADD MAXLEN): a reconnecting client replays from its Last-Event-ID."""
+TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
+"""Event names after which a job's event stream ends."""
+
+
+def _emit(pipe: redis.client.Pipeline, job_id: str, event: str, data: dict[str, Any]) -> None:
+    """Queue an XADD of one job event on `pipe` (inside the caller's MULTI, so events and state never diverge)."""
+    pipe.xadd(keys.events(job_id), {"event": event, "data": json.dumps(data, default=str)},
+              maxlen=EVENTS_KEPT, approximate=True)
+
+
 def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None) -> dict[str, Any]:
     """Write a queued record, index it and put it in the queue zset (one transaction); returns the record.
 
@@ -140,6 +154,7 @@ def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None) -> di
         pipe.hset(keys.job(job_id), mapping=_encode(record))
         pipe.zadd(keys.JOBS_INDEX, {job_id: seq})
         pipe.zadd(keys.QUEUE, {job_id: seq})
+        _emit(pipe, job_id, "status", {"status": JobStatus.QUEUED.value})
         pipe.execute()
     return load_job(r, job_id)  # type: ignore[return-value]
 
@@ -170,7 +185,8 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
     Steps, in one MULTI/EXEC under WATCH of the record:
       1. HSET status plus `fields` (and `finished_at` on a finished status);
       2. ZREM from the queue zset when leaving `queued`; ZADD to / ZREM from the running zset around `in_progress`;
-      3. on a finished status, EXPIRE the record after `record_ttl_s` and PUBLISH on its done channel.
+      3. XADD a `status` event (`completed`, `failed` or `cancelled` for those) to the job's event stream;
+      4. on a finished status, EXPIRE record and stream after `record_ttl_s` and PUBLISH on its done channel.
     """
     key = keys.job(job_id)
     now = time.time() if now is None else now
@@ -200,9 +216,14 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
                     pipe.zadd(keys.RUNNING, {job_id: now})
                 elif status is JobStatus.IN_PROGRESS:
                     pipe.zrem(keys.RUNNING, job_id)
+                event = to.value if to.value in TERMINAL_EVENTS else "status"
+                payload = {"status": to.value, **{k: update[k] for k in _EVENT_FIELDS if k in update}}
+                _emit(pipe, job_id, event, {k: (v.value if isinstance(v, enum.Enum) else v)
+                                            for k, v in payload.items()})
                 if to in FINISHED:
                     if record_ttl_s is not None:
                         pipe.expire(key, record_ttl_s)
+                        pipe.expire(keys.events(job_id), record_ttl_s)
                     pipe.publish(keys.done_channel(job_id), to.value)
                 pipe.execute()
                 break
@@ -212,18 +233,25 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
 
 
 def update_progress(r: redis.Redis, job_id: str, attempt: int, fields: dict[str, Any]) -> bool:
-    """Write stage/step/progress of a running job; False when it is no longer this attempt's in_progress job."""
+    """Write stage/step/progress of a running job, with a `stage` event when the stage changes and a `progress`
+    event; False (nothing written) when it is no longer this attempt's in_progress job."""
     key = keys.job(job_id)
     with r.pipeline(transaction=True) as pipe:
         while True:
             try:
                 pipe.watch(key)
-                status, current_attempt = pipe.hmget(key, ["status", "attempt"])
+                status, current_attempt, stage = pipe.hmget(key, ["status", "attempt", "stage"])
                 if status != JobStatus.IN_PROGRESS.value or int(current_attempt or 0) != attempt:
                     pipe.unwatch()
                     return False
+                encoded = _encode(fields)
                 pipe.multi()
-                pipe.hset(key, mapping=_encode(fields))
+                pipe.hset(key, mapping=encoded)
+                if "stage" in encoded and encoded["stage"] != stage:
+                    _emit(pipe, job_id, "stage", {"stage": encoded["stage"]})
+                if "progress" in fields:
+                    _emit(pipe, job_id, "progress", {"stage": encoded.get("stage", stage),
+                                                     "step": fields.get("step"), "progress": fields["progress"]})
                 pipe.execute()
                 return True
             except redis.WatchError:
@@ -278,6 +306,7 @@ def delete_job(r: redis.Redis, job_id: str) -> bool:
         pipe.zrem(keys.JOBS_INDEX, job_id)
         pipe.zrem(keys.QUEUE, job_id)
         pipe.zrem(keys.RUNNING, job_id)
+        pipe.delete(keys.events(job_id))
         pipe.publish(keys.done_channel(job_id), "deleted")
         removed = pipe.execute()[0]
     return bool(removed)
@@ -345,7 +374,8 @@ def drop_lease(r: redis.Redis, job_id: str, holder: str) -> bool:
 
 
 def claim_job(r: redis.Redis, job_id: str, worker: str, *, release_id: str, record_ttl_s: int,
-              max_attempts: int = defaults.MAX_ATTEMPTS, lease_ttl_ms: int = defaults.LEASE_TTL_MS) -> tuple[dict[str, Any], str] | None:
+              max_attempts: int = defaults.MAX_ATTEMPTS,
+              lease_ttl_ms: int = defaults.LEASE_TTL_MS) -> tuple[dict[str, Any], str] | None:
     """Take a job for rendering: returns (record, lease holder) or None when this delivery must do nothing.
 
     1. Nothing to do if the record is gone or finished (cancelled while queued, deleted, a stale redelivery).

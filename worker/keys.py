@@ -2,15 +2,17 @@
 
 | key | type | holds |
 |---|---|---|
-| `h3b:job:{id}` | hash | the job record (status, stage, progress, times, timings, error, artifact) |
+| `h3b:job:{id}` | hash | the job record: status, stage, progress, times, timings, error, artifact (+ private owner, |
+| | | sha256, traceback that the API never shows) |
 | `h3b:jobs` | zset | every job id, score = creation sequence; GET /jobs pages over it newest first |
 | `h3b:queue` | zset | ids of `queued` jobs, score = creation sequence; ZRANK + 1 = queue position |
 | `h3b:running` | zset | ids of `in_progress` jobs, score = claim time; the reconciler checks their leases |
 | `h3b:reconcile` | string | lock (SET NX PX) so one worker at a time runs the reconciler |
 | `h3b:seq` | string | INCR counter giving each job its creation sequence |
 | `h3b:lease:{id}` | string | `worker:attempt` of the worker rendering the job (SET NX PX, renewed by heartbeat) |
+| `h3b:events:{id}` | stream | the job's events (status, stage, progress, completed/failed/cancelled), ~1024 kept |
 | `h3b:done:{id}` | pub/sub channel | a message when the job reaches a terminal status (wakes blocking waits) |
-| `h3b:worker:{name}` | string (JSON) | a worker's heartbeat, TTL 15 s: release, state READY/BUSY, current job, model loads |
+| `h3b:worker:{name}` | string (JSON) | heartbeat, TTL 15 s: release, state STARTING/READY/BUSY, job, model loads |
 | `h3b:stats` | hash | counters: `model_loads` (one per Pipeline.load), `lease_contention` |
 
 Celery's own keys (`render` list, `_kombu.*`, `unacked*`) live beside these in the same DB.
@@ -34,6 +36,10 @@ def job(job_id: str) -> str:
 
 def lease(job_id: str) -> str:
     return f"{PREFIX}:lease:{job_id}"
+
+
+def events(job_id: str) -> str:
+    return f"{PREFIX}:events:{job_id}"
 
 
 def done_channel(job_id: str) -> str:

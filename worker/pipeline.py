@@ -10,6 +10,8 @@ Data flow of `Pipeline.render` (spec h3-model.md §1.2):
 
 `Pipeline.load` does every check a worker must pass before it takes a job: the release contract, the pinned base-VAE
 fetch and a strict weight load. The job service (worker/tasks.py) owns one instance per worker process.
+`render` is `denoise` (text encode + 8 steps) then `write` (decode + mux): a sequence-parallel rank group
+(worker/rank_group.py) runs `denoise` on every rank and `write` on rank 0 only.
 """
 from __future__ import annotations
 
@@ -65,6 +67,38 @@ class RenderResult:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, eq=False)
+class DenoisedClip:
+    """A request after the 8 denoising steps: latent rows on the pipeline's device, ready to decode."""
+
+    request: RenderRequest
+    geometry: RequestGeometry
+    layout: packing.PackedLayout  # CPU tensors
+    video: torch.Tensor  # fp32 [1, Nv, 96] patch rows
+    audio: torch.Tensor  # fp32 [1, 2A, 32] channel-major rows
+    timings: dict[str, float]  # text_encode, denoise so far
+
+
+def validate_request(req: RenderRequest) -> None:
+    """Refuse a request no release can render (ValueError naming the field); needs no loaded model."""
+    if not isinstance(req.prompt, str) or not req.prompt.strip():
+        raise ValueError("prompt: expected a non-empty string")
+    RequestGeometry(req.width, req.height, req.seconds)
+    if isinstance(req.seed, bool) or not isinstance(req.seed, int) or not 0 <= req.seed < 2**63:
+        raise ValueError(f"seed: expected an integer in [0, 2**63), got {req.seed!r}")
+
+
+def _stop_check(should_cancel: Callable[[], bool] | None, timings: dict[str, float]) -> Callable[[], None]:
+    """A step-boundary check: raises RenderCancelled when `should_cancel()` says so."""
+    cancelled = should_cancel or (lambda: False)
+
+    def boundary() -> None:
+        if cancelled():
+            raise RenderCancelled(f"cancelled after {sum(timings.values()):.2f} s")
+
+    return boundary
+
+
 def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
@@ -105,25 +139,28 @@ class Pipeline:
 
     def validate(self, req: RenderRequest) -> None:
         """Refuse a request this release cannot render (ValueError naming the field)."""
-        if not isinstance(req.prompt, str) or not req.prompt.strip():
-            raise ValueError("prompt: expected a non-empty string")
-        self.geometry(req)
-        if isinstance(req.seed, bool) or not isinstance(req.seed, int) or not 0 <= req.seed < 2**63:
-            raise ValueError(f"seed: expected an integer in [0, 2**63), got {req.seed!r}")
+        validate_request(req)
+
+    def close(self) -> None:
+        """Nothing to stop: the models live in this process (a rank group's `close` stops its processes)."""
 
     @torch.inference_mode()
     def render(self, req: RenderRequest, out_path: str | Path, *, on_progress: ProgressFn | None = None,
                should_cancel: Callable[[], bool] | None = None) -> RenderResult:
         """Render `req` to `out_path` (atomic write). Raises RenderCancelled at a step boundary when asked."""
+        clip = self.denoise(req, on_progress=on_progress, should_cancel=should_cancel)
+        return self.write(clip, out_path, on_progress=on_progress, should_cancel=should_cancel)
+
+    @torch.inference_mode()
+    def denoise(self, req: RenderRequest, *, on_progress: ProgressFn | None = None,
+                should_cancel: Callable[[], bool] | None = None) -> DenoisedClip:
+        """Stages text_encode and denoise: the prompt and seed to final latents. Checks `should_cancel` at the
+        start and before every step (9 boundaries, in the same order on every call)."""
         self.validate(req)
         geo = self.geometry(req)
         progress = on_progress or (lambda stage, step, total: None)
-        cancelled = should_cancel or (lambda: False)
         timings: dict[str, float] = {}
-
-        def boundary() -> None:
-            if cancelled():
-                raise RenderCancelled(f"cancelled after {sum(timings.values()):.2f} s")
+        boundary = _stop_check(should_cancel, timings)
 
         # 1. Text: features [1, L, text_dim] and the timestep-independent refiner output (once per request).
         boundary()
@@ -156,6 +193,16 @@ class Pipeline:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         timings["denoise"] = time.perf_counter() - t0
+        return DenoisedClip(req, geo, layout, video, audio, timings)
+
+    @torch.inference_mode()
+    def write(self, clip: DenoisedClip, out_path: str | Path, *, on_progress: ProgressFn | None = None,
+              should_cancel: Callable[[], bool] | None = None) -> RenderResult:
+        """Stages decode and mux: latents to the MP4 at `out_path` (atomic). Checks `should_cancel` before each."""
+        req, geo, layout, video, audio = clip.request, clip.geometry, clip.layout, clip.video, clip.audio
+        progress = on_progress or (lambda stage, step, total: None)
+        timings = dict(clip.timings)
+        boundary = _stop_check(should_cancel, timings)
 
         # 3. Decode both modalities with the diffusers VAEs.
         boundary()
@@ -181,7 +228,7 @@ class Pipeline:
 
         return RenderResult(
             path=Path(path), seed=req.seed, timings=timings,
-            tokens={"text": text_rows, "audio_rows": layout.audio_rows, "video_rows": layout.video_rows,
+            tokens={"text": layout.text_rows, "audio_rows": layout.audio_rows, "video_rows": layout.video_rows,
                     "sequence": layout.sequence_length},
             frames=int(frames.shape[0]), width=geo.width, height=geo.height, seconds=geo.num_frames / 24,
         )

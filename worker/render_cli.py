@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hf-cache", default=None,
                    help="Hugging Face cache holding the base VAEs (default: $HF_HUB_CACHE, else <release>/../hf-cache)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--ranks", default=None,
+                   help="sequence-parallel ranks: N processes, one device each (cuda:0..N-1, or gloo on cpu); "
+                        "'auto' = every visible GPU (default: $H3BATCH_RANKS, else 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -74,13 +77,23 @@ def main(argv: list[str]) -> int:
 
     from tqdm import tqdm
 
-    from worker.pipeline import Pipeline, RenderRequest
+    from worker.pipeline import RenderRequest
+    from worker.rank_group import RANKS_ENV, RankGroupError, load_pipeline, ranks_from_env
+
+    try:
+        ranks = ranks_from_env({RANKS_ENV: args.ranks} if args.ranks is not None else None)
+    except ValueError as err:
+        return _fail(str(err).replace(RANKS_ENV, "--ranks") if args.ranks is not None else str(err))
 
     started = time.perf_counter()
     try:
-        pipe = Pipeline.load(release, device=args.device, hf_cache=resolve_hf_cache(release, args.hf_cache))
+        pipe = load_pipeline(release, ranks=ranks, device=args.device,
+                             hf_cache=resolve_hf_cache(release, args.hf_cache))
     except ValueError as err:  # contract, provenance and loader errors all name the field or key
         return _fail(str(err).splitlines()[0])
+    except RankGroupError as err:
+        print(f"h3batch render: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 1
     load_s = time.perf_counter() - started
 
     bar = None if args.no_progress else tqdm(total=8, desc="denoise", unit="step", file=sys.stderr)
@@ -99,15 +112,19 @@ def main(argv: list[str]) -> int:
         result = pipe.render(req, out, on_progress=on_progress)
     except ValueError as err:
         return _fail(str(err).splitlines()[0])
+    except RankGroupError as err:
+        print(f"h3batch render: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 1
     finally:
         if bar is not None:
             bar.close()
+        pipe.close()
     summary = {
         "out": str(result.path), "release": pipe.release_id, "seed": result.seed, "frames": result.frames,
         "width": result.width, "height": result.height, "seconds": round(result.seconds, 4),
         "tokens": result.tokens, "timings": {"load": round(load_s, 3), **{k: round(v, 3) for k, v in
                                                                         result.timings.items()}},
-        "device": str(pipe.device),
+        "device": str(pipe.device), "ranks": ranks,
     }
     print(json.dumps(summary))
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 from worker import defaults
@@ -45,28 +46,44 @@ def main(argv: list[str]) -> int:
         print(f"h3batch worker: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings)
+    # Progress bars of model downloads/loads are noise between structured log lines.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")
     from worker import tasks  # noqa: PLC0415  (imports torch via the pipeline on load)
 
+    # Until Celery installs its own handlers, SIGTERM/SIGINT must still run the cleanup below (heartbeat key).
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
-        tasks.load_resident(settings)
-    except ValueError as exc:  # the pipeline's contract check: one line naming the field
-        print(f"h3batch worker: H3BATCH_RELEASE {str(settings.release_dir)!r}: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"h3batch worker: could not load the release {str(settings.release_dir)!r}: {exc}", file=sys.stderr)
-        return 2
+        try:
+            tasks.load_resident(settings, ready=False)
+        except ValueError as exc:  # the pipeline's contract check: one line naming the field
+            print(f"h3batch worker: H3BATCH_RELEASE {str(settings.release_dir)!r}: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            print(f"h3batch worker: could not load the release {str(settings.release_dir)!r}: {exc}",
+                  file=sys.stderr)
+            return 2
 
-    from worker.celery_app import make_celery  # noqa: PLC0415
+        from celery.signals import worker_ready  # noqa: PLC0415
+        from worker.celery_app import make_celery  # noqa: PLC0415
 
-    celery = make_celery(settings.redis_url, max_run_s=settings.max_run_s, include_tasks=True)
-    queues = ",".join(q.strip() for q in args.queues.split(",") if q.strip())
-    log.info("worker consuming queues=%s name=%s", queues, settings.worker_name)
-    try:
+        # READY in the heartbeat (what /readyz counts) only once the consumer is actually taking messages.
+        worker_ready.connect(lambda **_: tasks.mark_ready(), weak=False)
+        celery = make_celery(settings.redis_url, max_run_s=settings.max_run_s, include_tasks=True)
+        queues = ",".join(q.strip() for q in args.queues.split(",") if q.strip())
+        log.info("worker starting consumer queues=%s name=%s", queues, settings.worker_name)
         celery.worker_main(["--quiet", "worker", "--pool", "solo", "--concurrency", "1", "--queues", queues,
                             "--hostname", f"{settings.worker_name}@h3batch", "--loglevel", settings.log_level,
                             "--without-gossip", "--without-mingle", "--without-heartbeat"])
     except SystemExit as exc:
         return int(exc.code or 0)
+    except KeyboardInterrupt:
+        return 130
     finally:
         tasks.shutdown_resident()
+        log.info("worker stopped", extra={"worker": settings.worker_name})
     return 0
+
+
+def _exit_on_signal(signum, _frame) -> None:
+    raise SystemExit(128 + signum)

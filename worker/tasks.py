@@ -14,6 +14,7 @@ import os
 import shutil
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -97,6 +98,8 @@ class Heartbeat(threading.Thread):
 
     def stop(self) -> None:
         self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout=10)  # a beat in flight must not re-create the key after we delete it
         try:
             self.r.delete(keys.worker(self.worker_name))
         except redis.exceptions.RedisError:
@@ -118,10 +121,12 @@ _resident: Resident | None = None
 _resident_lock = threading.Lock()
 
 
-def load_resident(settings: Settings) -> Resident:
+def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
     """Load the pipeline (contract check + provenance fetch + weights) once for this process; start the heartbeat.
 
-    Raises ValueError (the pipeline's ContractError) with a one-line message naming the field.
+    `ready=False` keeps the heartbeat in STARTING (not counted by /readyz) until `mark_ready()`, for callers that
+    start consuming only afterwards. Raises ValueError (the pipeline's ContractError) with a one-line message naming
+    the field.
     """
     global _resident
     with _resident_lock:
@@ -143,11 +148,18 @@ def load_resident(settings: Settings) -> Resident:
                                                         "contract_hash": pipeline.contract_hash,
                                                         "model_loads": 1, "load_s": round(load_s, 3)}, resend,
                               settings)
+        heartbeat.state = "READY" if ready else "STARTING"
         heartbeat.beat()
         heartbeat.start()
         log.info("model resident release=%s load_s=%.2f total_model_loads=%d", pipeline.release_id, load_s, loads)
         _resident = Resident(settings=settings, r=r, pipeline=pipeline, heartbeat=heartbeat)
         return _resident
+
+
+def mark_ready() -> None:
+    """The consumer is taking messages: the heartbeat says READY from now on."""
+    if _resident is not None:
+        _resident.heartbeat.set_ready()
 
 
 def shutdown_resident() -> None:
@@ -251,8 +263,7 @@ def run_job(res: Resident, job_id: str) -> None:
             "artifact": f"{job_id}/{VIDEO_NAME}", "sha256": sha256, "size_bytes": size, "timings": timings,
             "tokens": dict(result.tokens), "frames": result.frames, "finished_at": now,
             "expires_at": now + settings.result_ttl_s})
-        if done is None:
-            shutil.rmtree(job_dir, ignore_errors=True)  # deleted or cancelled at the very end
+        if done is None:  # finish() already removed the files
             log.info("render finished but the job was deleted or cancelled meanwhile", extra=extra)
         else:
             log.info("render completed frames=%d bytes=%d seconds=%.3f", result.frames, size,
@@ -265,11 +276,12 @@ def run_job(res: Resident, job_id: str) -> None:
         finish(JobStatus.FAILED, {"error": {"code": exc.code, "message": exc.message, "retryable": exc.retryable,
                                             "stage": state["stage"]}})
         log.info("render refused code=%s message=%s", exc.code, exc.message, extra=extra)
-    except Exception as exc:  # unexpected: keep the traceback in the log, a bare code on the record
+    except Exception as exc:  # unexpected: the traceback goes to the log and a private record field, never the API
         log.exception("render failed", extra=extra)
         finish(JobStatus.FAILED, {"error": {"code": "render_error", "retryable": False, "stage": state["stage"],
                                             "message": f"the render failed at stage {state['stage']} "
-                                                       f"({type(exc).__name__})"}})
+                                                       f"({type(exc).__name__})"},
+                                  "traceback": traceback.format_exc()[-8000:]})
         _free_accelerator_memory()
     finally:
         jobs.drop_lease(r, job_id, holder)

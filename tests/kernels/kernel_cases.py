@@ -2,8 +2,9 @@
 
 Triton fixes interpreter-or-compiler for the whole process when it is first imported (its own standard library is
 decorated then), so importing this module sets TRITON_INTERPRET=1 on CPU-only hosts before anything imports triton,
-and leaves it set (with H3BATCH_KERNEL_BACKEND=torch as the default for everyone else). When another room's test imported triton earlier in the same run, the interpreter cases cannot run
-in this process: they are skipped, and `test_interpreter_subprocess.py` runs them in a fresh `pytest tests/kernels`.
+and leaves it set (with H3BATCH_KERNEL_BACKEND=torch as the default for everyone else). When another room's test
+imported triton earlier in the same run, the interpreter cases cannot run in this process: they are skipped, and
+`test_interpreter_subprocess.py` runs them in a fresh `pytest tests/kernels`.
 """
 from __future__ import annotations
 
@@ -50,12 +51,13 @@ class Case:
     hidden: int
     table_rows: int = 6
     pattern: str = "random"  # random | sorted | constant
+    index_dtype: torch.dtype = torch.int64
 
 
 CASES = [
     Case((37,), 336),  # R not a multiple of anything, H = 5376 / 16
     Case((5,), 672, pattern="sorted"),  # H = 5376 / 8
-    Case((2, 9), 100, table_rows=3),  # [B, S, H], indices shared over the batch
+    Case((2, 9), 100, table_rows=3, index_dtype=torch.int32),  # [B, S, H], indices shared over the batch
     Case((13,), 7, table_rows=1, pattern="constant"),  # tiny non power of two, one table row
     Case((0,), 336),  # R = 0
 ]
@@ -69,7 +71,7 @@ def make_indices(case: Case, device: str, generator: torch.Generator) -> torch.T
         idx = idx.sort().values
     if case.pattern == "constant":
         idx = torch.zeros(seq_len, dtype=torch.int64)
-    return idx.to(device)
+    return idx.to(device=device, dtype=case.index_dtype)
 
 
 def make_inputs(case: Case, dtype: torch.dtype, device: str, seed: int = 0) -> dict[str, torch.Tensor]:

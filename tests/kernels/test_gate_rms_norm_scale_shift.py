@@ -28,7 +28,7 @@ def test_triton_matches_reference(device, case, dtype, mode):
 
 
 def test_fp32_inputs_round_u_to_bf16_and_follow_the_formula():
-    """fp32 inputs: residual_out = bf16(residual + gate[i] * branch) held in fp32, modulated = the fp32 formula on it."""
+    """fp32 inputs: residual_out = bf16(residual + gate[i] * branch) held in fp32; modulated = fp32 formula on it."""
     t = make_inputs(CASES[0], torch.float32, "cpu")
     i = t["indices"]
     u = (t["x"] + t["gate"][i] * t["branch"]).to(torch.bfloat16).float()

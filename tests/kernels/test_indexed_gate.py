@@ -22,7 +22,7 @@ def test_triton_matches_reference(device, case, dtype, mode):
 
 
 def test_fp32_inputs_follow_the_formula():
-    """On CPU, fp32 inputs give exactly x + gate[i] * other in fp32, for the torch backend and the interpreted kernel."""
+    """On CPU, fp32 inputs give exactly x + gate[i] * other in fp32 (torch backend and interpreted kernel)."""
     t = make_inputs(CASES[0], torch.float32, "cpu")
     i = t["indices"]
     expected = t["x"] + t["gate"][i] * t["branch"]

@@ -35,7 +35,7 @@ def test_non_contiguous_rows_are_written_in_place(device):
 
 
 def test_fp32_inputs_follow_the_formula():
-    """On CPU, fp32 inputs give exactly x * (1 + scale[i]) + shift[i] in fp32, for the torch backend and the interpreted kernel."""
+    """On CPU, fp32 inputs give exactly x * (1 + scale[i]) + shift[i] in fp32 (torch backend and interpreted kernel)."""
     t = make_inputs(CASES[0], torch.float32, "cpu")
     i = t["indices"]
     expected = t["x"] * (1 + t["scale"][i]) + t["shift"][i]

@@ -67,13 +67,16 @@ async def wait_closed(server: DuplexServer, timeout: float = 2.0) -> None:
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def start_server_process(args: list[str], timeout: float = 20.0):
-    """Start `python -m loadrunner.server ARGS` and return (process, url) once it prints its listening line."""
+def start_server_process(args: list[str], timeout: float = 20.0, via_h3batch: bool = False):
+    """Start `python -m loadrunner.server ARGS` (or `h3batch duplex-server ARGS`) and return (process, url) once it
+    prints its listening line."""
     import subprocess
     import sys
     import time as _time
-    proc = subprocess.Popen([sys.executable, "-m", "loadrunner.server", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    command = ([str(Path(sys.executable).parent / "h3batch"), "duplex-server"] if via_h3batch
+               else [sys.executable, "-m", "loadrunner.server"])
+    proc = subprocess.Popen([*command, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO_ROOT)
     deadline = _time.monotonic() + timeout
     line = proc.stdout.readline()
     if "listening on " not in line or _time.monotonic() > deadline:

@@ -70,7 +70,8 @@ def driver(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProc
 @pytest.fixture(scope="module")
 def fixture_servers():
     """A `success` and a `silent` reference server, each in its own `h3batch duplex-server` process."""
-    procs = {mode: start_server_process(["--mode", mode, "--port", "0"]) for mode in ("success", "silent")}
+    procs = {mode: start_server_process(["--mode", mode, "--port", "0"], via_h3batch=True)
+             for mode in ("success", "silent")}
     yield {mode: url for mode, (_, url) in procs.items()}
     for proc, _ in procs.values():
         stop_process(proc)

@@ -24,6 +24,13 @@ def voiced_wav(tmp_path):
     return write_wav(tmp_path / "tone.wav", np.round(0.3 * np.sin(2 * np.pi * 220 * t) * 32767))
 
 
+@pytest.fixture
+def long_wav(tmp_path):
+    """2 s (25 frames) of the same tone: enough packets for a 10-90 % stream-timing window."""
+    t = np.arange(25 * 1920) / 24000
+    return write_wav(tmp_path / "tone2s.wav", np.round(0.3 * np.sin(2 * np.pi * 220 * t) * 32767))
+
+
 async def recv_until(ws, event_type: str, timeout: float = 3.0) -> tuple[dict, list[dict]]:
     seen = []
     async with asyncio.timeout(timeout):
@@ -92,6 +99,22 @@ def test_first_message_rules():
     assert held == 0
 
 
+def test_idle_session_expires():
+    """A session without client messages for the idle TTL gets session.expired, close 1000 and frees its slot."""
+    async def scenario():
+        async with DuplexServer(ServerConfig(max_sessions=1, idle_timeout_s=0.3)) as server:
+            async with connect(server.url + "?duplex=1&model=m&autostart=0") as ws:
+                await ws.send(session_update("m", "NATF2.pt", "p"))
+                expired, _ = await recv_until(ws, "session.expired")
+                with pytest.raises(ConnectionClosed) as info:
+                    await ws.recv()
+            return expired, info.value, server.admission.held
+
+    expired, closed, held = asyncio.run(scenario())
+    assert expired["reason"] == "idle_ttl_expired" and expired["session_id"].startswith("duplex-")
+    assert closed.rcvd.code == 1000 and held == 0
+
+
 def test_realtime_stream_order_and_sequence(voiced_wav):
     """Realtime output: response events before the first 1-frame packet, transcript after each packet, seq from 1."""
     async def scenario():
@@ -154,13 +177,14 @@ def load_against(server_config: ServerConfig, wav, out, sessions: int, frames: i
     return asyncio.run(scenario())
 
 
-def test_realtime_load_passes_and_tracks_real_time(voiced_wav, tmp_path):
+def test_realtime_load_passes_and_tracks_real_time(long_wav, tmp_path):
     """Paced load against realtime echo: every session passes with no deficit and stream RTF near 1."""
-    report = load_against(ServerConfig(max_sessions=4), voiced_wav, tmp_path / "o", 3, 10)
+    report = load_against(ServerConfig(max_sessions=4), long_wav, tmp_path / "o", 3, 25)
     assert report["ok"] is True, [r["error"] for r in report["sessions"]]
     for row in report["sessions"]:
         assert row["frame_deficit"] == 0 and row["client_first_text_after_stream_start_ms"] is not None
-        assert row["server_stream_rtf"] == pytest.approx(1.0, abs=0.15)
+        assert row["server_stream_rtf"] is not None and abs(row["server_stream_rtf"] - 1.0) < 0.15, row[
+            "server_stream_rtf"]
 
 
 def test_one_slot_server_fails_load_admission(voiced_wav, tmp_path):
@@ -169,9 +193,9 @@ def test_one_slot_server_fails_load_admission(voiced_wav, tmp_path):
     assert report["sessions"][0]["error"] == "admission: AssertionError"
 
 
-def test_frame_cost_shows_the_knee(voiced_wav, tmp_path):
+def test_frame_cost_shows_the_knee(long_wav, tmp_path):
     """Two sessions at 60 ms per frame on one serial worker exceed real time: stream RTF above 1."""
-    report = load_against(ServerConfig(max_sessions=2, frame_cost_ms=60), voiced_wav, tmp_path / "o", 2, 10,
+    report = load_against(ServerConfig(max_sessions=2, frame_cost_ms=60), long_wav, tmp_path / "o", 2, 25,
                           "--drain-s", "1.0")
     rtfs = [row["server_stream_rtf"] for row in report["sessions"]]
     assert all(r is not None and r > 1.2 for r in rtfs), rtfs

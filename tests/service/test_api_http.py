@@ -25,6 +25,7 @@ def assert_error(reply: requests.Response, status: int, code: str) -> dict:
     assert body["error"]["code"] == code, body
     assert isinstance(body["error"]["retryable"], bool) and body["error"]["message"]
     assert "Traceback" not in reply.text and "<html" not in reply.text.lower()
+    assert body["error"]["request_id"] == reply.headers["X-Request-ID"]
     return body["error"]
 
 
@@ -195,12 +196,9 @@ def keyed_api(redis_url, artifacts_dir, caplog):
     url = redis_url.rsplit("/", 1)[0] + "/1"
     app = create_app({"REDIS_URL": url, "ARTIFACTS_DIR": str(artifacts_dir),
                       "API_KEYS": ["canary-key-one-7f3a", "canary-key-two-9b1c"]})
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    thread.join(timeout=10)
+    base, stop = serve_in_thread(app)
+    yield base
+    stop()
 
 
 def test_bearer_keys_gate_every_job_route_and_isolate_owners(keyed_api, caplog):
@@ -230,3 +228,52 @@ def test_bearer_keys_gate_every_job_route_and_isolate_owners(keyed_api, caplog):
     logged = "\n".join(rec.getMessage() for phase in ("setup", "call") for rec in caplog.get_records(phase))
     assert "canary-key" not in logged
     assert "api keys loaded count=2" in logged
+
+
+def serve_in_thread(app):
+    """Run `app` on a real werkzeug HTTP server thread; returns (base URL, stop function)."""
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    def stop():
+        server.shutdown()
+        thread.join(timeout=10)
+
+    return f"http://127.0.0.1:{server.server_port}", stop
+
+
+def test_full_queue_answers_503_queue_full_with_retry_after(redis_url, artifacts_dir):
+    """With H3BATCH_MAX_QUEUED jobs queued, POST /jobs answers 503 queue_full + Retry-After; queued jobs stay."""
+    import redis as redis_lib
+
+    url = redis_url.rsplit("/", 1)[0] + "/6"
+    redis_lib.Redis.from_url(url).flushdb()
+    base, stop = serve_in_thread(create_app({"REDIS_URL": url, "ARTIFACTS_DIR": str(artifacts_dir),
+                                             "MAX_QUEUED": 2}))
+    try:
+        ids = [requests.post(f"{base}/jobs", json={"prompt": "x"}, timeout=10).json()["id"] for _ in range(2)]
+        reply = requests.post(f"{base}/jobs", json={"prompt": "x"}, timeout=10)
+        error = assert_error(reply, 503, "queue_full")
+        assert error["retryable"] is True and 0 < int(reply.headers["Retry-After"]) <= 120
+        assert [requests.get(f"{base}/jobs/{i}", timeout=10).json()["queue_position"] for i in ids] == [1, 2]
+    finally:
+        stop()
+        redis_lib.Redis.from_url(url).flushdb()
+
+
+def test_unreachable_redis_is_503_storage_unavailable_not_500(artifacts_dir):
+    """When Redis goes away under a running API, job routes answer 503 storage_unavailable, /healthz stays 200 and
+    /readyz says which check fails."""
+    from .conftest import free_port
+
+    app = create_app({"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "ARTIFACTS_DIR": str(artifacts_dir)})
+    base, stop = serve_in_thread(app)
+    try:
+        assert_error(requests.post(f"{base}/jobs", json={"prompt": "x"}, timeout=30), 503, "storage_unavailable")
+        assert_error(requests.get(f"{base}/jobs/job_x", timeout=30), 503, "storage_unavailable")
+        assert requests.get(f"{base}/healthz", timeout=10).status_code == 200
+        ready = requests.get(f"{base}/readyz", timeout=30)
+        assert ready.status_code == 503 and ready.json()["checks"]["redis"]["ok"] is False
+    finally:
+        stop()

@@ -1,4 +1,4 @@
-"""Fast VSA-H3 (worker/h3/vsa_cuda.py) against the dense-mask reference (worker/h3/vsa.py), spec h3-model.md §10, §13.20.
+"""Fast VSA-H3 (worker/h3/vsa_cuda.py) vs the dense-mask reference (worker/h3/vsa.py), spec h3-model.md §10, §13.20.
 
 CPU: the full path runs with eager FlexAttention (which evaluates the mask function on every pair), and the pieces the
 compiled CUDA kernel relies on instead (partial/full KV block lists, pad-only mask) are checked by rebuilding the
@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from worker.h3 import vsa
-from worker.h3.vsa import TILE_TOKENS, build_vsa_plan, dense_attention, vsa_attention
+from worker.h3.vsa import TILE_TOKENS, build_vsa_plan, dense_attention
+from worker.h3.vsa import vsa_attention_reference as vsa_attention  # the oracle (vsa_attention dispatches CUDA here)
 from worker.h3.vsa_cuda import (
     build_block_mask,
     combine,
@@ -114,7 +115,7 @@ def test_lists_from_scores_equal_lists_from_reference_block_map(grid, sparsity):
 
 
 def test_kernel_semantics_from_block_lists_and_pad_mask_equal_reference():
-    """Attention restricted to the listed blocks, with the pad mask only in partial blocks, equals the reference fine branch."""
+    """Attention over the listed blocks, pad mask in partial blocks only, equals the reference fine branch."""
     plan = build_vsa_plan(PREFIX, GRID, 0.8)
     geo = tiled_geometry(plan, torch.device("cpu"))
     q, k, v, _ = _inputs(plan)
@@ -275,3 +276,14 @@ def test_cuda_combine_kernel_matches_torch_bitwise():
     coarse = torch.randn(2, 4, plan.num_tiles, 128, device="cuda", dtype=torch.bfloat16)
     expected = fine.index_select(1, geo.untile) + gate * coarse.transpose(1, 2).index_select(1, geo.row_tile)
     assert torch.equal(combine(fine, gate, coarse, geo), expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA dispatch needs a GPU")
+def test_dit_entry_point_dispatches_cuda_tensors_to_the_fast_path():
+    """`vsa.vsa_attention` (what the DiT calls) runs the FlexAttention path on CUDA and matches the reference."""
+    torch.manual_seed(0)
+    plan = build_vsa_plan((12, 74), (7, 4, 8), 0.8)
+    q, k, v, g = (torch.randn(1, plan.sequence_length, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    out = vsa.vsa_attention(q, k, v, g, plan)
+    expected = vsa_attention(*(t.float().cpu() for t in (q, k, v, g)), plan)
+    torch.testing.assert_close(out.float().cpu(), expected, atol=2e-2, rtol=0)

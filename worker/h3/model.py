@@ -10,6 +10,8 @@ signature, same outputs). Differences from the oracle, all layout or speed, none
   every step as ``refined_text``.
 * The output heads run on the selected video / audio rows only (the oracle runs both heads on all S rows).
 * ``vsa_plan`` switches the 50 DiT blocks to VSA-H3 sparse attention (``worker/h3/vsa.py``); the refiner stays dense.
+* Two seams for parallelism applied after construction (``worker/h3/parallel.py``): ``Attention.core`` is a
+  parameter-free module a plan can swap, and ``embed`` returns the packed stream before the first block.
 
 Dtypes: positions, RoPE angles, the patch projections, the time MLP and the output heads are fp32; the block stack,
 the condition projection and the AdaLN projections use the stream dtype (bf16 in service), evaluated eagerly so every
@@ -130,6 +132,34 @@ class AdaLNProjection(nn.Module):
 # Blocks --------------------------------------------------------------------------------------------------------------
 
 
+class AttentionCore(nn.Module):
+    """softmax(q·kᵀ/√d)·v over the rows it is given: dense SDPA, or VSA-H3 when a plan is passed. No parameters.
+
+    Its own module so a parallel plan can swap it after construction (worker/h3/parallel.py wraps it in the Ulysses
+    all-to-all); the projections around it never change.
+    """
+
+    def __init__(self, head_dim: int):
+        super().__init__()
+        self.head_dim = head_dim
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [B, S, heads, hd], after QK-norm and RoPE
+        k: torch.Tensor,  # [B, S, heads, hd]
+        v: torch.Tensor,  # [B, S, heads, hd]
+        gate: torch.Tensor | None,  # [B, S, heads, hd] VSA coarse-branch gate; only read with a plan
+        vsa_plan: Any = None,
+    ) -> torch.Tensor:
+        if vsa_plan is None:
+            return F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=1.0 / math.sqrt(self.head_dim)
+            ).transpose(1, 2)  # [B, S, heads, hd]
+        from worker.h3.vsa import vsa_attention  # sparse path only; keeps the dense model free of VSA imports
+
+        return vsa_attention(q, k, v, gate, vsa_plan)  # [B, S, heads, hd]
+
+
 class Attention(nn.Module):
     """Self-attention over the packed sequence: packed QKV, per-head QK RMSNorm, partial 3-axis RoPE, SDPA or VSA-H3."""
 
@@ -140,6 +170,7 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(hidden, 3 * inner, bias=False, dtype=dtype)  # rows [Q; K; V]
         self.q_norm = nn.RMSNorm(self.head_dim, eps=config.qk_norm_eps, dtype=dtype)
         self.k_norm = nn.RMSNorm(self.head_dim, eps=config.qk_norm_eps, dtype=dtype)
+        self.core = AttentionCore(self.head_dim)
         self.out_proj = nn.Linear(inner, hidden, bias=False, dtype=dtype)
         self.to_gate_compress: nn.Linear | None = None
         if compression_gate:
@@ -154,18 +185,13 @@ class Attention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if vsa_plan is None:
-            out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=1.0 / math.sqrt(self.head_dim)
-            ).transpose(1, 2)  # [B, S, heads, hd]
-        else:
-            from worker.h3.vsa import vsa_attention  # sparse path only; keeps the dense model free of VSA imports
-
+        gate = None
+        if vsa_plan is not None:
             if self.to_gate_compress is None:
                 gate = torch.zeros_like(q)
             else:
                 gate = self.to_gate_compress(h).view(batch, rows, -1, self.head_dim)
-            out = vsa_attention(q, k, v, gate, vsa_plan)  # [B, S, heads, hd]
+        out = self.core(q, k, v, gate, vsa_plan)  # [B, S, heads, hd]
         return self.out_proj(out.reshape(batch, rows, -1))
 
 
@@ -259,12 +285,16 @@ class FinalLayer(nn.Module):
         video_indices: torch.Tensor,  # [Nv]
         audio_indices: torch.Tensor,  # [Na]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        shift, scale = self.adaln_proj(temb).chunk(2, dim=-1)  # [M, H] each, shift first
-        y = indexed_scale_shift_(self.norm(x), shift, scale, timestep_indices)
-        y = y.to(self.video_out.weight.dtype)
+        y = self.modulate(x, temb, timestep_indices)
         video = self.video_out(y.index_select(1, video_indices))  # [B, Nv, P]
         audio = self.audio_out(y.index_select(1, audio_indices))  # [B, Na, Ca]
         return video, audio
+
+    def modulate(self, x: torch.Tensor, temb: torch.Tensor, timestep_indices: torch.Tensor) -> torch.Tensor:
+        """RMSNorm + shift-first AdaLN of every row, cast for the fp32 heads: [B, S, H] -> [B, S, H] fp32."""
+        shift, scale = self.adaln_proj(temb).chunk(2, dim=-1)  # [M, H] each, shift first
+        y = indexed_scale_shift_(self.norm(x), shift, scale, timestep_indices)
+        return y.to(self.video_out.weight.dtype)
 
 
 # Model ---------------------------------------------------------------------------------------------------------------
@@ -317,6 +347,25 @@ class H3Transformer(nn.Module):
         vsa_plan: Any = None,  # worker.h3.vsa.VsaPlan: VSA-H3 in the DiT blocks; None = dense SDPA
         refined_text: torch.Tensor | None = None,  # [B, L, H] from refine_text(); used instead of the text input
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, temb, adaln_rows, rope = self.embed(
+            hidden_states, audio_hidden_states, encoder_hidden_states, timestep, timestep_indices, token_tags,
+            position_ids, video_indices, audio_indices, text_indices, refined_text=refined_text,
+        )
+        for block in self.blocks:
+            x = block(x, temb, adaln_rows, rope, vsa_plan)
+
+        # 5. Final layer: shift-first AdaLN indexed by timestep index (not modality), then the fp32 heads.
+        return self.final_layer(x, temb, timestep_indices, video_indices, audio_indices)
+
+    def embed(
+        self, hidden_states, audio_hidden_states, encoder_hidden_states, timestep, timestep_indices, token_tags,
+        position_ids, video_indices, audio_indices, text_indices, *, refined_text=None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RopeTables]:
+        """Checks and steps 1-4 of ``forward`` (same arguments): the packed stream before the first block.
+
+        Returns x [B, S, H] stream dtype, temb [M, time_embed_dim] fp32, adaln_rows [S] long, rope (cos, sin) fp32
+        [S, 6n]. A sequence-parallel forward (worker/h3/parallel.py) takes its rows from here.
+        """
         self._check_inputs(
             hidden_states, audio_hidden_states, encoder_hidden_states, timestep, timestep_indices, token_tags,
             position_ids, video_indices, audio_indices, text_indices, refined_text,
@@ -342,12 +391,7 @@ class H3Transformer(nn.Module):
         # 4. One time embedding per distinct timestep (fp32); AdaLN table row c = 3 * timestep_index + tag per row.
         temb = self.time_embedder(timestep)
         adaln_rows = timestep_indices * MODALITY_COUNT + token_tags  # [S]
-
-        for block in self.blocks:
-            x = block(x, temb, adaln_rows, rope, vsa_plan)
-
-        # 5. Final layer: shift-first AdaLN indexed by timestep index (not modality), then the fp32 heads.
-        return self.final_layer(x, temb, timestep_indices, video_indices, audio_indices)
+        return x, temb, adaln_rows, rope
 
     def _check_inputs(
         self, video, audio, text, timestep, timestep_indices, token_tags, position_ids, video_indices, audio_indices,

@@ -250,11 +250,23 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
 
 
 def vsa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor, plan: VsaPlan) -> torch.Tensor:
-    """VSA-H3 attention, dense-mask reference (§10.2): O = O_fine + gate ⊙ O_coarse[tile(row)].
+    """VSA-H3 attention (§10.2): O = O_fine + gate ⊙ O_coarse[tile(row)]; what the DiT calls.
 
     q, k (after QK-norm and RoPE), v and gate (= to_gate_compress(h)): [B, S, heads, head_dim] in packed row order
     (text L, audio 2A, video raster). Returns [B, S, heads, head_dim] in the same order and q's dtype.
+    CUDA tensors take the block-sparse FlexAttention path (`worker.h3.vsa_cuda`, tested against the reference);
+    everything else runs the dense-mask reference below. Neither ever falls back to dense attention.
     """
+    if q.is_cuda:
+        from worker.h3.vsa_cuda import vsa_attention_cuda  # lazy: compiles FlexAttention on first use
+
+        return vsa_attention_cuda(q, k, v, gate, plan)
+    return vsa_attention_reference(q, k, v, gate, plan)
+
+
+def vsa_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor,
+                            plan: VsaPlan) -> torch.Tensor:
+    """Dense-mask reference of VSA-H3 on any device (the CPU path and the oracle of the CUDA kernel)."""
     for name, x in (("q", q), ("k", k), ("v", v), ("gate", gate)):
         _check_rows(name, x, plan)
         if x.shape != q.shape:

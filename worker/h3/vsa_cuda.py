@@ -1,4 +1,4 @@
-"""Fast VSA-H3 (spec h3-model.md §10) for CUDA: PyTorch FlexAttention over the padded tile buffer + a torch coarse branch.
+"""Fast VSA-H3 (spec h3-model.md §10) for CUDA: PyTorch FlexAttention over the padded tile buffer, coarse branch aside.
 
 Same signature and math as the CPU reference `worker.h3.vsa.vsa_attention`; the reference builds an [S, S] token mask,
 this path never materialises anything larger than the [B, H, n, n] tile lists. Steps per call:
@@ -18,8 +18,9 @@ this path never materialises anything larger than the [B, H, n, n] tile lists. S
    (`_combine_kernel`, the reference's two bf16 roundings), on CPU plain torch.
 
 The two Triton kernels exist because their eager torch equivalents (index_copy + a strided sum; index_select + two
-gathers + mul + add) moved each tensor 2–3 times and cost ~4 ms of the ~24 ms at real size on an H200
-(docs/performance.md); each kernel reads its inputs once and writes its outputs once.
+gathers + mul + add) moved each tensor 2–3 times: on an H200 at the 4.4 s geometry (S = 32,740, 56 heads) tiling went
+2.3 → 0.8 ms and the combine 1.7 → 0.6 ms; building the lists from top-k instead of argsorting the n×n map went
+2.9 → 0.7 ms. What remains is the FlexAttention kernel itself (~17.5 of ~20.3 ms; docs/performance.md).
 
 Why FlexAttention and not a kernel of our own: its Triton template already is a block-sparse FlashAttention-2 style
 kernel fed by exactly the per-query-block KV index lists VSA needs (the same structure as fastvideo-kernel's Triton
@@ -49,7 +50,6 @@ import triton
 import triton.language as tl
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from kernels.triton_math import round_to_bf16
 from worker.h3.vsa import TILE_TOKENS, VsaPlan, block_map
 
 DEFAULT_KERNEL_OPTIONS: Mapping[str, Any] = {
@@ -57,6 +57,7 @@ DEFAULT_KERNEL_OPTIONS: Mapping[str, Any] = {
     "BLOCK_N": TILE_TOKENS,
     "num_warps": 4,
     "num_stages": 3,
+    "USE_TMA": True,  # H200: 17.5 ms vs 18.2 without, at the 4.4 s geometry (the template drops it where unusable)
     "ROWS_GUARANTEED_SAFE": True,  # every query sees ≥ 1 real key (tile 0 is always kept and never empty)
 }
 """Triton meta-parameters of the compiled FlexAttention kernel (H200-measured; see docs/performance.md)."""
@@ -78,6 +79,10 @@ class TiledGeometry:
     full_tile: torch.Tensor  # bool [n]: tile holds exactly 64 rows
     num_tiles: int
     num_slots: int
+    # Static parts of the KV block lists, per kind (index 0 partial tiles, 1 full tiles):
+    prefix_ids: tuple[torch.Tensor, torch.Tensor]  # int32: prefix tiles of that kind (every video query keeps them)
+    every_ids: tuple[torch.Tensor, torch.Tensor]  # int32 [n]: all tiles of that kind, zero-padded (prefix queries)
+    every_count: tuple[int, int]
 
 
 @functools.lru_cache(maxsize=32)
@@ -90,14 +95,25 @@ def tiled_geometry(plan: VsaPlan, device: torch.device) -> TiledGeometry:
     sizes = plan.variable_block_sizes
     source = torch.full((slots,), -1, dtype=torch.int32)
     source[plan.untile] = torch.arange(plan.sequence_length, dtype=torch.int32)
+    full = sizes == TILE_TOKENS
+    tile_ids = torch.arange(n, dtype=torch.int32)
+    prefix_ids, every_ids, every_count = [], [], []
+    for kind in (~full, full):
+        prefix_ids.append(tile_ids[: plan.num_prefix_tiles][kind[: plan.num_prefix_tiles]].to(device))
+        every = tile_ids[kind]
+        every_ids.append(torch.cat([every, torch.zeros(n - every.numel(), dtype=torch.int32)]).to(device))
+        every_count.append(every.numel())
     return TiledGeometry(
+        prefix_ids=tuple(prefix_ids),
+        every_ids=tuple(every_ids),
+        every_count=tuple(every_count),
         untile=plan.untile.to(device),
         slot_source=source.to(device),
         row_tile=plan.row_tile.to(device),
         pad_slots=torch.nonzero(~valid).flatten().to(device),
         valid_slot=valid.to(device),
         tile_sizes=sizes.to(device=device, dtype=torch.float32),
-        full_tile=(sizes == TILE_TOKENS).to(device),
+        full_tile=full.to(device),
         num_tiles=n,
         num_slots=slots,
     )
@@ -152,6 +168,21 @@ def _tile_and_mean_kernel(
 
 
 @triton.jit
+def _round_to_bf16(value, NATIVE_CAST: tl.constexpr):
+    """fp32 → fp32 holding the nearest bf16 value (ties to even); NaN stays NaN.
+
+    Compiled kernels use the hardware conversion; under TRITON_INTERPRET=1 (CPU tests) Triton's fp32 → bf16 cast
+    truncates, so there the rounding is done on the bit pattern: adding 0x7FFF plus the lowest kept bit carries into
+    bit 16 exactly when the dropped half is above the midpoint, or at it with an odd kept part.
+    """
+    if NATIVE_CAST:
+        return value.to(tl.bfloat16, fp_downcast_rounding="rtne").to(tl.float32)
+    bits = value.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return tl.where(value != value, value, rounded.to(tl.float32, bitcast=True))
+
+
+@triton.jit
 def _combine_kernel(
     out_ptr,  # out: [B, S, H, D], contiguous, fine's dtype
     fine_ptr,  # in: fine branch over padded slots; (b, slot, h, d) at b*stride_fb + slot*stride_fs + h*stride_fh + d
@@ -169,6 +200,7 @@ def _combine_kernel(
     stride_gs,
     stride_gh,
     ROUND_BF16: tl.constexpr,  # round gate·coarse to bf16 before the add, as eager bf16 does
+    NATIVE_CAST: tl.constexpr,  # compiled kernel (hardware rounding) vs CPU interpreter (bit-pattern rounding)
     BLOCK_R: tl.constexpr,  # packed rows per program
     HEAD_DIM: tl.constexpr,  # D (power of two)
 ):
@@ -191,10 +223,10 @@ def _combine_kernel(
                      mask=mask, other=0.0).to(tl.float32)
     mixed = gate * coarse
     if ROUND_BF16:  # explicit ties-to-even rounding (exact on GPU and in the CPU interpreter alike)
-        mixed = round_to_bf16(mixed)
+        mixed = _round_to_bf16(mixed, NATIVE_CAST)
     out = fine + mixed
     if ROUND_BF16:
-        out = round_to_bf16(out)
+        out = _round_to_bf16(out, NATIVE_CAST)
     out_rows = (batch * seq_len + rows64) * heads + head
     tl.store(out_ptr + out_rows[:, None] * HEAD_DIM + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -228,7 +260,7 @@ def launch_tile_and_mean(x: torch.Tensor, geo: TiledGeometry) -> tuple[torch.Ten
 
 
 def combine(fine_tiled: torch.Tensor, gate: torch.Tensor, coarse: torch.Tensor, geo: TiledGeometry) -> torch.Tensor:
-    """fine [B, 64·n, H, D] (padded slots), gate [B, S, H, D], coarse [B, H, n, D] → fine[untile] + gate ⊙ coarse[tile]."""
+    """fine [B, 64·n, H, D] (padded), gate [B, S, H, D], coarse [B, H, n, D] → fine[untile] + gate ⊙ coarse[tile]."""
     if not fine_tiled.is_cuda:
         coarse_rows = coarse.transpose(1, 2).index_select(1, geo.row_tile)  # [B, S, H, D]
         return fine_tiled.index_select(1, geo.untile) + gate * coarse_rows
@@ -251,7 +283,8 @@ def launch_combine(fine_tiled: torch.Tensor, gate: torch.Tensor, coarse: torch.T
         out, fine_tiled, gate, coarse, geo.untile, geo.row_tile, rows, geo.num_tiles, heads,
         fine_tiled.stride(0), fine_tiled.stride(1), fine_tiled.stride(2),
         gate.stride(0), gate.stride(1), gate.stride(2),
-        ROUND_BF16=fine_tiled.dtype == torch.bfloat16, BLOCK_R=block_r, HEAD_DIM=dim, num_warps=4,
+        ROUND_BF16=fine_tiled.dtype == torch.bfloat16, NATIVE_CAST=fine_tiled.is_cuda, BLOCK_R=block_r, HEAD_DIM=dim,
+        num_warps=4,
         enable_fp_fusion=False,
     )
     return out
@@ -276,28 +309,30 @@ def kv_block_lists(keep: torch.Tensor, geo: TiledGeometry) -> tuple[torch.Tensor
 def kv_lists_from_scores(scores: torch.Tensor, plan: VsaPlan, geo: TiledGeometry) -> tuple[torch.Tensor, ...]:
     """(partial_num, partial_idx, full_num, full_idx) of the VSA tile map of `scores` fp32 [B, H, n, n] (§10.2.3).
 
-    Video query tiles: every prefix key tile plus the top-k video key tiles (`torch.topk` exactly as the reference's
-    `block_map`); prefix query tiles: every tile. Each list holds the tiles of its kind first, ascending; entries
-    past the count are unused.
+    Video query tiles: the prefix key tiles plus the top-k video key tiles (`torch.topk` exactly as the reference's
+    `block_map`); prefix query tiles: every tile. The top-k indices are split by kind with a stable partition
+    (cumsum ranks + one scatter): no sort of an n×n map and no host synchronisation. Entries past a count are unused.
     """
     b, heads, n, _ = scores.shape
-    p = plan.num_prefix_tiles
-    chosen = torch.topk(scores[..., p:], plan.top_k, dim=-1).indices + p  # [B, H, n, k]
+    p, k = plan.num_prefix_tiles, plan.top_k
+    chosen = torch.topk(scores[..., p:], k, dim=-1).indices + p  # int64 [B, H, n, k]
     chosen_full = geo.full_tile[chosen]
-    prefix = torch.arange(p, device=scores.device)
     lists = []
-    for want_full in (False, True):
-        mine = chosen_full if want_full else ~chosen_full
-        ordered = torch.where(mine, chosen, chosen + n).sort(-1).values % n  # this kind first, ascending
-        prefix_mine = prefix[geo.full_tile[:p] == want_full]
+    for kind in (0, 1):  # 0: partial tiles (pad mask), 1: full tiles
+        mine = chosen_full if kind else ~chosen_full
+        mine_i = mine.to(torch.int32)
+        count = mine_i.sum(-1, keepdim=True, dtype=torch.int32)  # [B, H, n, 1]
+        rank = torch.where(mine, mine_i.cumsum(-1) - 1, (1 - mine_i).cumsum(-1) - 1 + count)  # this kind first
+        ordered = torch.empty_like(chosen, dtype=torch.int32).scatter_(-1, rank.long(), chosen.to(torch.int32))
+        prefix = geo.prefix_ids[kind]
+        m = prefix.numel()
         idx = torch.zeros((b, heads, n, n), dtype=torch.int32, device=scores.device)
-        idx[..., : prefix_mine.numel()] = prefix_mine.to(torch.int32)
-        idx[..., prefix_mine.numel() : prefix_mine.numel() + plan.top_k] = ordered.to(torch.int32)
-        num = (mine.sum(-1, dtype=torch.int32) + prefix_mine.numel()).contiguous()
-        every = torch.nonzero(geo.full_tile == want_full).flatten().to(torch.int32)
-        idx[:, :, :p, : every.numel()] = every  # prefix query tiles attend to every tile
-        num[:, :, :p] = every.numel()
-        lists += [num, idx]
+        idx[..., :m] = prefix
+        idx[..., m : m + k] = ordered
+        idx[:, :, :p] = geo.every_ids[kind]  # prefix query tiles attend to every tile
+        num = count.squeeze(-1) + m
+        num[:, :, :p] = geo.every_count[kind]
+        lists += [num.contiguous(), idx]
     return tuple(lists)
 
 

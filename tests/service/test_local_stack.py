@@ -1,0 +1,74 @@
+"""`h3batch demo` and `h3batch serve` as a user runs them: real subprocesses, real HTTP, and nothing left running
+afterwards. Each uses its own Redis DB so the session worker never takes their jobs."""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import time
+
+import av
+import redis
+import requests
+
+from .conftest import H3BATCH, REPO, free_port, service_env
+
+
+def local_env(redis_url: str, db: int, tmp_path, tiny_release) -> dict[str, str]:
+    env = service_env(redis_url.rsplit("/", 1)[0] + f"/{db}", tmp_path / "var" / "artifacts",
+                      H3BATCH_RELEASE=str(tiny_release), H3BATCH_HF_CACHE=str(tiny_release.parent / "hf-cache"),
+                      H3BATCH_DEVICE="cpu", PYTHONPATH=str(REPO))
+    return env
+
+
+def port_closed(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_demo_renders_out_demo_mp4_and_stops_everything(redis_url, tiny_release, tmp_path):
+    """`h3batch demo` posts a job over HTTP, shows stage/step progress, writes a decodable out/demo.mp4, prints the
+    completed job JSON, and leaves no API port open and no worker heartbeat behind."""
+    env = local_env(redis_url, 4, tmp_path, tiny_release)
+    done = subprocess.run(H3BATCH + ["demo"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "denoise 8/8" in done.stdout or "denoise" in done.stdout
+    job = json.loads(done.stdout[done.stdout.index("\n{") + 1:])
+    assert job["status"] == "completed" and job["seed"] == 42
+    with av.open(str(tmp_path / "out" / "demo.mp4")) as container:
+        assert sum(1 for _ in container.decode(video=0)) == job["frames"]
+    port = int(re.search(r"API on http://127\.0\.0\.1:(\d+)", done.stdout).group(1))
+    assert port_closed(port)
+    r = redis.Redis.from_url(env["H3BATCH_REDIS_URL"], decode_responses=True)
+    assert list(r.scan_iter("h3b:worker:*")) == []
+
+
+def test_serve_runs_until_interrupted_then_stops_its_children(redis_url, tiny_release, tmp_path):
+    """`h3batch serve` becomes ready (a worker heartbeat counted by /readyz) and on SIGINT stops API and worker."""
+    env = local_env(redis_url, 5, tmp_path, tiny_release)
+    port = free_port()
+    proc = subprocess.Popen(H3BATCH + ["serve", "--port", str(port)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "serve exited or never became ready"
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, output
+    assert "ready: http://127.0.0.1" in output and "stopped" in output
+    assert port_closed(port)
+    r = redis.Redis.from_url(env["H3BATCH_REDIS_URL"], decode_responses=True)
+    assert list(r.scan_iter("h3b:worker:*")) == []
