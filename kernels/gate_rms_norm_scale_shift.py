@@ -1,9 +1,12 @@
 """indexed_gate_rms_norm_scale_shift: gated residual update, then RMSNorm and indexed AdaLN affine, in one kernel.
 
 Spec h3-model.md §5.1 (used at §4.3 step 6.4): `u = residual + gate[i] * branch`, `residual_out = bf16(u)`,
-`modulated = RMSNorm_w(bf16(u)) * (1 + scale[i]) + shift[i]`, `i = indices[r]`. The bf16 round trip of `u` is on in
-every precision mode and for every input dtype (§5.2): the unfused path keeps the residual stream in bf16. Private
-Triton kernel, launcher, torch reference and the public dispatching function.
+`modulated = RMSNorm_w(bf16(u)) * (1 + scale[i]) + shift[i]`, `i = indices[r]`. `u` is rounded to the residual's
+dtype in every precision mode and on every backend: bf16 for the model's bf16 residual stream (the case that runs in
+production, identical to vllm-omni's GPU kernel), no rounding for fp32 inputs. vllm-omni's GPU kernel hard-codes the
+bf16 round trip even for fp32 inputs while its CPU fallback rounds to the input dtype (spec §5.2); h3batch uses the
+fallback's rule everywhere so one model gives one answer on every backend, and the fp32 DiT matches the fp32
+diffusers oracle exactly. Private Triton kernel, launcher, torch reference and the public dispatching function.
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ def _indexed_gate_rms_norm_scale_shift_kernel(
     row_offset,  # first row of this launch (row chunking)
     eps,
     SM90_BF16_AFFINE: tl.constexpr,  # spec §5.3 rounding of the normalized part
-    OUT_BF16: tl.constexpr,  # outputs are bf16: round `modulated` before the store
+    OUT_BF16: tl.constexpr,  # residual is bf16: round u and `modulated` before their stores
     NATIVE_CAST: tl.constexpr,  # compiled kernel: round with the hardware cast (the interpreter's truncates)
     BLOCK_SIZE: tl.constexpr,  # columns per chunk (power of two); the row is streamed in chunks
 ):
@@ -54,7 +57,7 @@ def _indexed_gate_rms_norm_scale_shift_kernel(
     branch_row_ptr = branch_ptr + batch * stride_branch_batch + position * stride_branch_row
     out_row_ptr = residual_out_ptr + row * hidden
 
-    # Pass 1: u = bf16(residual + gate * branch), always bf16 (spec §5.2); store it and sum its squares in the same
+    # Pass 1: u = residual + gate * branch in the residual's dtype (bf16-rounded for bf16); store it and sum its squares in the same
     # chunk order as row_rstd, so `modulated` is bit-identical to the RMS op applied to residual_out. Cache hints
     # (evict_last on what pass 2 re-reads and on the tables, evict_first on the rest) measured ~2% faster here.
     squares = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
@@ -65,7 +68,9 @@ def _indexed_gate_rms_norm_scale_shift_kernel(
         branch = tl.load(branch_row_ptr + columns, mask=mask, other=0.0, eviction_policy="evict_first")
         gate = tl.load(gate_ptr + table_row * stride_gate_row + columns, mask=mask, other=0.0,
                        eviction_policy="evict_last")
-        updated = round_to_bf16(residual.to(tl.float32) + gate.to(tl.float32) * branch.to(tl.float32), NATIVE_CAST)
+        updated = residual.to(tl.float32) + gate.to(tl.float32) * branch.to(tl.float32)
+        if OUT_BF16:
+            updated = round_to_bf16(updated, NATIVE_CAST)
         tl.store(out_row_ptr + columns, updated, mask=mask, eviction_policy="evict_last")  # re-read in pass 2
         squares += updated * updated
     rstd = tl.rsqrt(tl.sum(squares, axis=0) / hidden + eps)
@@ -111,7 +116,7 @@ def _launch(residual, gate, branch, weight, shift, scale, indices, eps, precisio
 def reference_indexed_gate_rms_norm_scale_shift(residual, gate, branch, weight, shift, scale, indices, eps,
                                                 precision: Precision) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager torch semantics of the op in the given mode (also the CPU path)."""
-    updated = round_bf16(residual.float() + gate[indices].float() * branch.float())
+    updated = (residual.float() + gate[indices].float() * branch.float()).to(residual.dtype).float()
     modulated = reference_rms_modulate(updated, weight, shift[indices], scale[indices], eps, precision)
     return updated.to(residual.dtype), modulated.to(residual.dtype)
 

@@ -206,8 +206,11 @@ def check_indices(indices: torch.Tensor, x: torch.Tensor, table_rows: int) -> No
         raise ValueError(f"indices: expected device {x.device}, got {indices.device}")
     if seq_len == 0:
         return
+    # Inference tensors keep no version counter: such a tensor is checked once and trusted after (the pipeline
+    # builds its index tensors once per request and never writes them).
+    version = -1 if indices.is_inference() else indices._version
     cached = _CHECKED_INDICES.get(id(indices))
-    if cached is not None and cached[0]() is indices and cached[1] == indices._version and cached[2] == table_rows:
+    if cached is not None and cached[0]() is indices and cached[1] == version and cached[2] == table_rows:
         return
     low, high = int(indices.min()), int(indices.max())
     if low < 0 or high >= table_rows:
@@ -216,7 +219,7 @@ def check_indices(indices: torch.Tensor, x: torch.Tensor, table_rows: int) -> No
         if len(_CHECKED_INDICES) > 256:
             for key in [k for k, v in _CHECKED_INDICES.items() if v[0]() is None]:
                 del _CHECKED_INDICES[key]
-        _CHECKED_INDICES[id(indices)] = (weakref.ref(indices), indices._version, table_rows)
+        _CHECKED_INDICES[id(indices)] = (weakref.ref(indices), version, table_rows)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -27,17 +27,34 @@ def test_triton_matches_reference(device, case, dtype, mode):
     assert_matches(modulated, ref_modulated, exact=False)
 
 
-def test_fp32_inputs_round_u_to_bf16_and_follow_the_formula():
-    """fp32 inputs: residual_out = bf16(residual + gate[i] * branch) held in fp32; modulated = fp32 formula on it."""
+def test_fp32_inputs_keep_u_in_fp32_and_follow_the_formula():
+    """fp32 inputs: residual_out = residual + gate[i] * branch unrounded (input dtype); modulated = fp32 formula on it."""
     t = make_inputs(CASES[0], torch.float32, "cpu")
     i = t["indices"]
-    u = (t["x"] + t["gate"][i] * t["branch"]).to(torch.bfloat16).float()
+    u = t["x"] + t["gate"][i] * t["branch"]
     expected = u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + EPS) * t["weight"]
     expected = expected * (1 + t["scale"][i]) + t["shift"][i]
     residual_out, modulated = _call(t, None, "torch")
     assert residual_out.dtype == torch.float32
     assert torch.equal(residual_out, u)
     assert torch.equal(modulated, expected)
+
+
+def test_fp32_triton_keeps_u_in_fp32(device):
+    """The Triton kernel follows the same rule: fp32 residual_out is bit-equal to the unrounded fp32 sum."""
+    t = make_inputs(CASES[0], torch.float32, device)
+    i = t["indices"]
+    residual_out, _ = _call(t, "generic", "triton")
+    assert torch.equal(residual_out, t["x"] + t["gate"][i] * t["branch"])
+
+
+def test_bf16_inputs_round_u_to_bf16():
+    """bf16 inputs: u is rounded to bf16 once, the value the unfused model keeps in its residual stream."""
+    t = make_inputs(CASES[0], torch.bfloat16, "cpu")
+    i = t["indices"]
+    u = (t["x"].float() + t["gate"][i].float() * t["branch"].float()).to(torch.bfloat16)
+    residual_out, _ = _call(t, None, "torch")
+    assert torch.equal(residual_out, u)
 
 
 @pytest.mark.parametrize("mode", ["generic", "sm90_bf16_affine"])

@@ -148,28 +148,3 @@ def t2va_inputs(
 def oracle_forward(oracle: MiniMaxH3Transformer3DModel, inputs: PackedInputs) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
         return oracle(**inputs.kwargs(), return_dict=False)
-
-
-def fused_gate_norm_rounds_fp32_residual() -> bool:
-    """True when the CPU gate+norm op rounds an fp32 residual to bf16 (the GPU rule) instead of keeping fp32.
-
-    Spec §5.2 says the CPU fallback rounds `u` to the input dtype; with the bf16 round trip an fp32 native model
-    cannot match the fp32 oracle to 1e-4, so the fp32 parity tests are marked xfail, naming this, while it holds.
-    """
-    from kernels import indexed_gate_rms_norm_scale_shift
-
-    residual = torch.full((1, 4), 1.0 + 2.0**-12)  # not representable in bf16
-    zeros = torch.zeros(1, 4)
-    residual_out, _ = indexed_gate_rms_norm_scale_shift(
-        residual, zeros, zeros, torch.ones(4), zeros, zeros, torch.zeros(1, dtype=torch.long), 1e-6
-    )
-    return not torch.equal(residual_out, residual)
-
-
-FP32_RESIDUAL_ROUNDED = fused_gate_norm_rounds_fp32_residual()
-FP32_RESIDUAL_XFAIL = dict(
-    condition=FP32_RESIDUAL_ROUNDED,
-    reason="kernels' CPU indexed_gate_rms_norm_scale_shift rounds fp32 residuals to bf16; spec §5.2 says the CPU "
-    "fallback rounds to the input dtype (see docs/model_dit_notes.md)",
-    strict=True,
-)

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from dit_oracle import (
-    FP32_RESIDUAL_XFAIL,
     gate_tensors,
     make_oracle,
     oracle_forward,
@@ -47,7 +46,6 @@ def t2_pair():
 # Parity with the diffusers oracle ------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(**FP32_RESIDUAL_XFAIL)
 @pytest.mark.parametrize("config", [T1, T2], ids=["T1", "T2"])
 def test_fp32_parity_with_diffusers(config):
     """fp32 native outputs equal the diffusers oracle's on identical random weights (both heads, ≤ 1e-4)."""
