@@ -11,6 +11,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, g, jsonify, request, send_file, stream_with_context
 from pydantic import ValidationError
 
+from api import idempotency
 from api.enqueue import enqueue_render
 from api.errors import ApiError
 from api.redis_client import get_redis
@@ -40,7 +41,7 @@ def _error_code(exc: ValidationError) -> tuple[str, str]:
     code = {"extra_forbidden": "unsupported_parameter", "unsupported_size": "unsupported_size",
             "unsupported_duration": "unsupported_duration"}.get(kind, "invalid_request")
     message = first["msg"] if kind in ("unsupported_size", "unsupported_duration", "empty_prompt",
-                                       "prompt_too_long") else f"{where}: {first['msg']}"
+                                       "prompt_too_long", "invalid_text") else f"{where}: {first['msg']}"
     if kind == "extra_forbidden":
         message = f"{where}: unknown field (accepted: prompt, seconds, width, height, seed, release)"
     return code, message
@@ -98,7 +99,8 @@ def _respond(record: dict[str, Any], status: int):
 
 @bp.post("/jobs")
 def create():
-    """Queue a render. 400 invalid body, 413 over 64 KiB, 503 queue_full or storage_unavailable."""
+    """Queue a render. 400 invalid body, 413 over 64 KiB, 409/422 Idempotency-Key in use/reused, 503 queue_full or
+    storage_unavailable."""
     body = request.get_json(force=True, silent=True)
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_json", "expected a JSON object body, e.g. {\"prompt\": \"rain on a tin roof\"}")
@@ -109,6 +111,35 @@ def create():
         raise ApiError(400, code, message) from None
     wait_s = _requested_wait()
     r = get_redis()
+    idem_key = idempotency.parse_key(request.headers.get("Idempotency-Key"))
+    held = None
+    if idem_key is not None:
+        held = idempotency.claim(r, g.owner, idem_key, idempotency.fingerprint(req.model_dump(mode="json")))
+        if held.job_id is not None:  # a retry of a create that already made its job
+            record = load_job(r, held.job_id)
+            if record is None:
+                raise ApiError(404, "job_not_found", f"the job {held.job_id} this Idempotency-Key created is gone")
+            response = _respond(record, 202)
+            response.headers["Location"] = f"/jobs/{record['id']}"
+            response.headers["Idempotent-Replayed"] = "true"
+            return response
+    try:
+        record = _create_and_enqueue(r, req)
+    except BaseException:
+        if held is not None:
+            idempotency.release(r, held)
+        raise
+    if held is not None:
+        idempotency.record_job(r, held, record["id"])
+    if wait_s > 0:
+        record = wait_for_finish(r, record["id"], wait_s) or record
+    response = _respond(record, 200 if record["status"] in {s.value for s in FINISHED} else 202)
+    response.headers["Location"] = f"/jobs/{record['id']}"
+    return response
+
+
+def _create_and_enqueue(r, req: CreateJob) -> dict[str, Any]:
+    """Write the queued record, then send its message; a refused message fails the job (never left queued)."""
     if queued_count(r) >= current_app.config["MAX_QUEUED"]:
         raise ApiError(503, "queue_full", f"{current_app.config['MAX_QUEUED']} jobs are queued; retry later", True,
                        {"Retry-After": str(defaults.QUEUE_FULL_RETRY_AFTER_S)})
@@ -127,12 +158,8 @@ def create():
         raise ApiError(503, "storage_unavailable", "the job queue is unavailable; retry later", True,
                        {"Retry-After": "5"}) from None
     log.info("job created seconds=%s size=%dx%d seed=%d", spec.seconds, spec.width, spec.height, spec.seed,
-             extra={"job_id": record["id"]})
-    if wait_s > 0:
-        record = wait_for_finish(r, record["id"], wait_s) or record
-    response = _respond(record, 200 if record["status"] in {s.value for s in FINISHED} else 202)
-    response.headers["Location"] = f"/jobs/{record['id']}"
-    return response
+             extra={"job_id": record["id"], "request_id": g.get("request_id")})
+    return record
 
 
 @bp.get("/jobs/<job_id>")

@@ -26,8 +26,10 @@ def _json(name: str, description: str) -> dict[str, Any]:
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
-    text = {400: "Invalid request", 401: "Missing or bad API key", 404: "No such job", 409: "Wrong job state",
-            410: "Video expired", 413: "Body over 64 KiB", 416: "Range not satisfiable", 503: "Redis or queue full"}
+    text = {400: "Invalid request", 401: "Missing or bad API key", 404: "No such job (for POST: the job an "
+            "Idempotency-Key made is gone)", 409: "Wrong job state or Idempotency-Key in use",
+            410: "Video expired", 413: "Body over 64 KiB", 416: "Range not satisfiable",
+            422: "Idempotency-Key reused with another body", 503: "Redis or queue full"}
     return {str(s): _json("ErrorBody", text[s]) for s in statuses}
 
 
@@ -52,14 +54,17 @@ def _paths() -> dict[str, Any]:
                      "requestBody": {"required": True,
                                      "content": {"application/json": {"schema": _ref("CreateJob")}}},
                      "parameters": [{"name": "Prefer", "in": "header", "required": False,
-                                     "schema": {"type": "string"}, "description": "`wait=N`: block up to N s"}],
+                                     "schema": {"type": "string"}, "description": "`wait=N`: block up to N s"},
+                                    {"name": "Idempotency-Key", "in": "header", "required": False,
+                                     "schema": {"type": "string", "maxLength": 257},
+                                     "description": "Retry-safe create: same key + body returns the first job"}],
                      "responses": {"202": {**job_ok, "description": "Queued (Location: /jobs/{id})"},
                                    "200": {**job_ok, "description": "Finished within Prefer: wait"},
-                                   **_errors(400, 401, 413, 503)}},
+                                   **_errors(400, 401, 404, 409, 413, 422, 503)}},
             "get": {"operationId": "listJobs", "summary": "List jobs, newest first",
                     "parameters": [
                         {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
-                        {"name": "after", "in": "query", "schema": {"type": "string"}},
+                        {"name": "after", "in": "query", "schema": {"type": "string", "minLength": 1}},
                         {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"]}},
                         {"name": "status", "in": "query", "schema": {"enum": list(schemas.StatusName.__args__)}}],
                     "responses": {"200": _json("JobList", "One page"), **_errors(400, 401, 503)}},

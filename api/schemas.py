@@ -21,7 +21,9 @@ class CreateJob(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(description="What the clip shows and sounds like; not empty.")
+    # minLength/pattern/maxLength document the checks `_prompt_ok` makes (it words the errors better than pydantic).
+    prompt: str = Field(description="What the clip shows and sounds like; not empty.",
+                        json_schema_extra={"minLength": 1, "maxLength": defaults.MAX_PROMPT_CHARS, "pattern": r"\S"})
     seconds: float = Field(defaults.DEFAULT_SECONDS, description="Clip length, 4 to 15 s.")
     width: int = Field(defaults.DEFAULT_WIDTH, description="Canvas width in pixels, a multiple of 32.")
     height: int = Field(defaults.DEFAULT_HEIGHT, description="Canvas height in pixels, a multiple of 32; "
@@ -32,9 +34,21 @@ class CreateJob(BaseModel):
                                 description="Release id the job needs; a worker serving another one fails the job "
                                             "with release_mismatch.")
 
+    @field_validator("prompt", "release")
+    @classmethod
+    def _encodable(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # JSON may carry lone surrogates (\ud800); they cannot be stored as UTF-8, so refuse them at the door.
+        if value is not None:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise PydanticCustomError("invalid_text", "{field}: expected valid Unicode text, found an unpaired "
+                                          "surrogate", {"field": info.field_name}) from None
+        return value
+
     @field_validator("prompt")
     @classmethod
-    def _prompt_not_blank(cls, value: str, info: ValidationInfo) -> str:
+    def _prompt_ok(cls, value: str, info: ValidationInfo) -> str:
         if not value.strip():
             raise PydanticCustomError("empty_prompt", "prompt: expected a non-empty text, found {found}",
                                       {"found": repr(value)})

@@ -15,13 +15,12 @@ import signal
 import sys
 import uuid
 from dataclasses import dataclass
-from enum import Enum
 from urllib.parse import parse_qsl, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from loadrunner.audio import FRAME_PERIOD_S, FRAME_SAMPLES, SAMPLE_RATE_HZ
+from loadrunner.audio import FRAME_PERIOD_S, SAMPLE_RATE_HZ
 from loadrunner.fixtures import ConnectionState, FixtureMode, fixture_replies
 from loadrunner.server_protocol import (CLOSE_TYPES, DEFAULT_PERSONA, DEFAULT_VOICE, IGNORED_CLIENT_EVENTS,
                                         MAX_CLIENT_FRAME_BYTES, MAX_PENDING_INPUT_BYTES, Admission, AppendDecoder,

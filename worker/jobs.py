@@ -53,9 +53,10 @@ FINISHED = TERMINAL | {JobStatus.COMPLETED}
 
 ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.QUEUED: frozenset({JobStatus.IN_PROGRESS, JobStatus.CANCELLED, JobStatus.FAILED}),
-    # in_progress -> in_progress is a re-claim after worker loss (attempt + 1).
+    # in_progress -> in_progress is a re-claim after worker loss (attempt + 1); in_progress -> queued is the
+    # reaper (worker/reaper.py) handing a job whose lease lapsed back to the queue.
     JobStatus.IN_PROGRESS: frozenset({JobStatus.IN_PROGRESS, JobStatus.COMPLETED, JobStatus.FAILED,
-                                      JobStatus.CANCELLED}),
+                                      JobStatus.CANCELLED, JobStatus.QUEUED}),
     JobStatus.COMPLETED: frozenset({JobStatus.EXPIRED}),
     JobStatus.FAILED: frozenset(),
     JobStatus.CANCELLED: frozenset(),
@@ -194,7 +195,7 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
         while True:
             try:
                 pipe.watch(key)
-                current = pipe.hmget(key, ["status", "attempt"])
+                current = pipe.hmget(key, ["status", "attempt", "seq"])
                 if current[0] is None:
                     pipe.unwatch()
                     return None
@@ -212,6 +213,8 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
                 pipe.hset(key, mapping=_encode(update))
                 if status is JobStatus.QUEUED:
                     pipe.zrem(keys.QUEUE, job_id)
+                elif to is JobStatus.QUEUED:  # requeued after worker loss: back in line at its creation sequence
+                    pipe.zadd(keys.QUEUE, {job_id: int(current[2] or 0)})
                 if to is JobStatus.IN_PROGRESS:
                     pipe.zadd(keys.RUNNING, {job_id: now})
                 elif status is JobStatus.IN_PROGRESS:

@@ -13,7 +13,10 @@
 | `h3b:events:{id}` | stream | the job's events (status, stage, progress, completed/failed/cancelled), ~1024 kept |
 | `h3b:done:{id}` | pub/sub channel | a message when the job reaches a terminal status (wakes blocking waits) |
 | `h3b:worker:{name}` | string (JSON) | heartbeat, TTL 15 s: release, state STARTING/READY/BUSY, job, model loads |
+| `h3b:idem:{owner}:{sha}` | string (JSON) | Idempotency-Key (sha = its SHA-256) → body fingerprint + job id, 24 h |
 | `h3b:stats` | hash | counters: `model_loads` (one per Pipeline.load), `lease_contention` |
+| `h3b:runs:{id}` | hash | per-job execution counters (`started`, `rendered`, `requeues`, `requeued_at`, `resent`); TTL like the record |
+| `h3b:rate:{owner}:{bucket}` | hash | token bucket of one API key (`tokens`, `ts_ms`) |
 
 Celery's own keys (`render` list, `_kombu.*`, `unacked*`) live beside these in the same DB.
 """
@@ -46,5 +49,17 @@ def done_channel(job_id: str) -> str:
     return f"{PREFIX}:done:{job_id}"
 
 
+def idempotency(owner: str, key_sha256: str) -> str:
+    return f"{PREFIX}:idem:{owner or '-'}:{key_sha256}"
+
+
 def worker(name: str) -> str:
     return f"{PREFIX}:worker:{name}"
+
+
+def runs(job_id: str) -> str:
+    return f"{PREFIX}:runs:{job_id}"
+
+
+def rate_bucket(owner: str, bucket: str) -> str:
+    return f"{PREFIX}:rate:{owner or '-'}:{bucket}"

@@ -45,7 +45,11 @@ RANKS_ENV = "H3BATCH_RANKS"
 """Ranks per worker: an integer ≥ 1, or `auto` = every visible GPU (CUDA_VISIBLE_DEVICES); unset = 1."""
 
 POLL_S = 0.05
-"""How often the driver checks `should_cancel` and the ranks' liveness while a render runs."""
+"""How often the driver checks the ranks' liveness while a render runs."""
+
+CANCEL_POLL_S = 0.25
+"""How often the driver calls `should_cancel` between progress events (a Redis read in the worker); at real size one
+denoise step takes ~1 s on 4 GPUs, so the next step boundary still sees the flag."""
 
 FAILURE_GRACE_S = 10.0
 """After one rank fails, how long the driver waits for the others to report before it stops the group."""
@@ -92,6 +96,7 @@ class RankSpec:
     device_type: str  # "cuda" (rank r on cuda:r) or "cpu"
     port: int  # loopback rendezvous
     threads: int | None  # CPU threads per rank; None = torch's default (e.g. OMP_NUM_THREADS)
+    log_level: int  # the driver's root logging level, so ranks log like the process that started them
 
 
 class RankGroupPipeline:
@@ -131,7 +136,7 @@ class RankGroupPipeline:
         if device_type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             threads = max(1, (os.cpu_count() or 1) // ranks)
         spec = RankSpec(str(release_dir), None if hf_cache is None else str(hf_cache), ranks, device_type,
-                        _free_port(), threads)
+                        _free_port(), threads, logging.getLogger().getEffectiveLevel())
 
         ctx = mp.get_context("spawn")
         commands = [ctx.Queue() for _ in range(ranks)]
@@ -179,10 +184,11 @@ class RankGroupPipeline:
         try:
             outcomes = self._collect(seq, on_progress, should_cancel)
         except BaseException:
-            # The driver gave up (an on_progress error, KeyboardInterrupt): stop the ranks at the next boundary and
-            # wait for them, so the next request starts on an idle group.
-            self._cancel.set()
-            self._collect(seq, None, None, quiet=True)
+            if self._down is None:
+                # The driver gave up (an on_progress error, KeyboardInterrupt): stop the ranks at the next boundary
+                # and wait for them, so the next request starts on an idle group.
+                self._cancel.set()
+                self._collect(seq, None, None, quiet=True)
             raise
         return _outcome(outcomes)
 
@@ -204,9 +210,12 @@ class RankGroupPipeline:
         """Relay progress and wait for one outcome per rank: {rank: (kind, payload)}."""
         outcomes: dict[int, tuple[str, object]] = {}
         failed_at: float | None = None
+        next_cancel_poll = 0.0
         while len(outcomes) < self.ranks:
-            if should_cancel is not None and not self._cancel.is_set() and should_cancel():
-                self._cancel.set()
+            if should_cancel is not None and not self._cancel.is_set() and time.monotonic() >= next_cancel_poll:
+                next_cancel_poll = time.monotonic() + CANCEL_POLL_S
+                if should_cancel():
+                    self._cancel.set()
             try:
                 event_seq, rank, kind, payload = self._events.get(timeout=POLL_S)
             except queue.Empty:
@@ -226,6 +235,7 @@ class RankGroupPipeline:
             if kind == "progress":
                 if on_progress is not None:
                     on_progress(*payload)
+                next_cancel_poll = 0.0  # ask again right after each step
                 continue
             outcomes[rank] = (kind, payload)
             if kind != "done" and failed_at is None:
@@ -309,7 +319,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# Rank side -------------------------------------------------------------------------------------------------------------
+# Rank side -----------------------------------------------------------------------------------------------------------
 
 
 class BroadcastTextEncoder:
@@ -323,16 +333,27 @@ class BroadcastTextEncoder:
         self.group, self.device, self.text_dim, self.dtype = group, device, text_dim, dtype
 
     def encode(self, prompt: str) -> tuple[torch.Tensor, int]:
+        """(features [1, L, text_dim] in the stream dtype on this rank's device, L), the same on every rank.
+
+        A prompt rank 0 refuses (ValueError, e.g. over-long) is broadcast as L = −1 so every rank raises together
+        and no rank is left waiting in the features broadcast.
+        """
         import torch.distributed as dist
 
+        refusal: ValueError | None = None
+        length = torch.zeros(1, dtype=torch.long, device=self.device)
         if self.encoder is not None:
-            features, rows = self.encoder.encode(prompt)
-            features = features.to(device=self.device, dtype=self.dtype).contiguous()  # [1, L, text_dim]
-            length = torch.tensor([rows], dtype=torch.long, device=self.device)
-        else:
-            length = torch.zeros(1, dtype=torch.long, device=self.device)
+            try:
+                features, rows = self.encoder.encode(prompt)
+                features = features.to(device=self.device, dtype=self.dtype).contiguous()  # [1, L, text_dim]
+                length.fill_(rows)
+            except ValueError as err:
+                refusal = err
+                length.fill_(-1)
         dist.broadcast(length, src=0, group=self.group)
         rows = int(length.item())
+        if rows < 0:
+            raise refusal if refusal is not None else ValueError("prompt: refused by the text encoder on rank 0")
         if self.encoder is None:
             features = torch.empty((1, rows, self.text_dim), dtype=self.dtype, device=self.device)
         dist.broadcast(features, src=0, group=self.group)
@@ -375,7 +396,7 @@ def _rank_main(rank: int, spec: RankSpec, commands, events, cancel) -> None:
     """Entry point of one rank process: init the group, load, then serve render commands until "stop"."""
     import torch.distributed as dist
 
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=spec.log_level, format=f"%(asctime)s rank{rank} %(name)s %(levelname)s %(message)s")
     parent = os.getppid()
     if spec.threads is not None:
         torch.set_num_threads(spec.threads)
@@ -385,7 +406,8 @@ def _rank_main(rank: int, spec: RankSpec, commands, events, cancel) -> None:
     else:
         device, backend = torch.device("cpu"), "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank, world_size=spec.world,
-                            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+                            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+                            device_id=device if backend == "nccl" else None)  # NCCL: bind this rank's GPU now
     try:
         try:
             pipe = _load_rank_pipeline(rank, spec, device)

@@ -12,8 +12,9 @@ import os
 import signal
 import sys
 
-from worker import defaults
+from worker import defaults, watchdog
 from worker.exceptions import ConfigError
+from worker.watchdog import WatchdogConfig
 from worker.settings import Settings, check_artifacts_dir, check_redis, check_release_dir, configure_logging
 
 log = logging.getLogger("h3batch.worker")
@@ -42,6 +43,7 @@ def main(argv: list[str]) -> int:
         check_redis(settings.redis_url)
         check_release_dir(settings.release_dir)
         check_artifacts_dir(settings.artifacts_dir)
+        stall_watch = WatchdogConfig.from_env()
     except ConfigError as exc:
         print(f"h3batch worker: {exc}", file=sys.stderr)
         return 2
@@ -71,6 +73,9 @@ def main(argv: list[str]) -> int:
         worker_ready.connect(lambda **_: tasks.mark_ready(), weak=False)
         celery = make_celery(settings.redis_url, max_run_s=settings.max_run_s, include_tasks=True)
         queues = ",".join(q.strip() for q in args.queues.split(",") if q.strip())
+        resident = tasks.load_resident(settings)  # already loaded above: the same object
+        watchdog.start(resident.r, settings.worker_name, queues.split(","),
+                       lambda: resident.heartbeat.state == "BUSY", stall_watch)
         log.info("worker starting consumer queues=%s name=%s", queues, settings.worker_name)
         celery.worker_main(["--quiet", "worker", "--pool", "solo", "--concurrency", "1", "--queues", queues,
                             "--hostname", f"{settings.worker_name}@h3batch", "--loglevel", settings.log_level,

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import redis
 from celery import shared_task
 
-from worker import defaults, jobs, keys
+from worker import defaults, jobs, keys, lease, reaper
 from worker.celery_app import make_celery
 from worker.exceptions import InvalidRequest, JobError, ReleaseMismatch
 from worker.jobs import JobStatus, Stage
@@ -79,11 +79,11 @@ class Heartbeat(threading.Thread):
         lock_ms = int(self.settings.reconcile_interval_s * 1000)
         if not self.r.set(keys.RECONCILE_LOCK, self.worker_name, nx=True, px=lock_ms):
             return []  # another worker reconciled within the interval
-        orphans = jobs.orphaned_running(self.r)
-        for job_id in orphans:
-            log.warning("re-enqueuing job whose worker lost its lease", extra={"job_id": job_id})
-            self.resend(job_id)
-        return orphans
+        report = reaper.reap(self.r, self.resend, grace_s=max(self.settings.lease_ttl_s, 1.0),
+                             record_ttl_s=self.settings.result_ttl_s + defaults.RECORD_GRACE_S)
+        if report.requeued:
+            log.warning("re-enqueuing job whose worker lost its lease", extra={"job_id": ",".join(report.requeued)})
+        return report.requeued + report.resent
 
     def run(self) -> None:
         last_reconcile = 0.0
@@ -210,8 +210,11 @@ def run_job(res: Resident, job_id: str) -> None:
         return
     record, holder = claimed
     attempt = record["attempt"]
+    lease.count(r, job_id, "started")
     res.heartbeat.set_busy(job_id, holder)
     job_dir = settings.artifacts_dir / job_id
+    if lease.remove_stale_attempts(job_dir, attempt):
+        log.info("removed partial files of an earlier attempt", extra=extra)
     state = {"stage": Stage.TEXT_ENCODE.value, "progress": 0.0}
     record_ttl = settings.result_ttl_s + defaults.RECORD_GRACE_S
 
@@ -227,14 +230,14 @@ def run_job(res: Resident, job_id: str) -> None:
         if settings.debug_step_delay_s:
             time.sleep(settings.debug_step_delay_s)
 
-    def should_cancel() -> bool:
-        return jobs.cancel_requested(r, job_id)
+    def should_cancel() -> bool:  # also stops an attempt that lost its lease (requeued and re-claimed elsewhere)
+        return jobs.cancel_requested(r, job_id) or not lease.still_owner(r, job_id, holder, attempt)
 
     def finish(to: JobStatus, fields: dict[str, Any]) -> dict[str, Any] | None:
         done = jobs.transition(r, job_id, to, expect={JobStatus.IN_PROGRESS}, expect_attempt=attempt,
                                fields=fields, record_ttl_s=record_ttl)
-        if done is None or to is not JobStatus.COMPLETED:
-            shutil.rmtree(job_dir, ignore_errors=True)  # deleted, cancelled or failed: no MP4 stays
+        if done is None or to is not JobStatus.COMPLETED:  # deleted, cancelled, failed or superseded
+            lease.clean_up(r, job_id, attempt, job_dir)
         return done
 
     log.info("render started attempt=%d", attempt, extra=extra)
@@ -250,11 +253,13 @@ def run_job(res: Resident, job_id: str) -> None:
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
         job_dir.mkdir(parents=True, exist_ok=True)
-        out_path = job_dir / VIDEO_NAME
-        result = pipeline.render(request, out_path, on_progress=on_progress, should_cancel=should_cancel)
+        result = pipeline.render(request, lease.attempt_path(job_dir, attempt), on_progress=on_progress,
+                                 should_cancel=should_cancel)
+        lease.count(r, job_id, "rendered")
         jobs.update_progress(r, job_id, attempt, {"stage": Stage.FINALIZE, "progress": 0.98})
         t0 = time.perf_counter()
         sha256, size = _sha256(result.path), result.path.stat().st_size
+        lease.publish(r, job_id, holder, attempt, result.path, job_dir / VIDEO_NAME)
         timings = {**{k: round(float(v), 6) for k, v in result.timings.items()},
                    "finalize": round(time.perf_counter() - t0, 6)}
         now = time.time()
@@ -268,7 +273,7 @@ def run_job(res: Resident, job_id: str) -> None:
         else:
             log.info("render completed frames=%d bytes=%d seconds=%.3f", result.frames, size,
                      sum(timings.values()), extra=extra)
-    except RenderCancelled:
+    except (RenderCancelled, lease.LeaseLost):
         done = finish(JobStatus.CANCELLED, {"cancelled_at_stage": state["stage"]})
         log.info("render cancelled stage=%s", state["stage"], extra=extra)
         _free_accelerator_memory()
@@ -276,6 +281,12 @@ def run_job(res: Resident, job_id: str) -> None:
         finish(JobStatus.FAILED, {"error": {"code": exc.code, "message": exc.message, "retryable": exc.retryable,
                                             "stage": state["stage"]}})
         log.info("render refused code=%s message=%s", exc.code, exc.message, extra=extra)
+    except redis.exceptions.ConnectionError as exc:
+        # Redis went away mid-render (restart, failover): an infrastructure fault, not the job's. Leave the record
+        # in_progress; once the lease lapses the reaper requeues it (attempt + 1).
+        log.warning("lost Redis mid-render error=%s; the job is requeued when its lease lapses",
+                    type(exc).__name__, extra=extra)
+        lease.attempt_path(job_dir, attempt).unlink(missing_ok=True)
     except Exception as exc:  # unexpected: the traceback goes to the log and a private record field, never the API
         log.exception("render failed", extra=extra)
         finish(JobStatus.FAILED, {"error": {"code": "render_error", "retryable": False, "stage": state["stage"],
@@ -284,5 +295,8 @@ def run_job(res: Resident, job_id: str) -> None:
                                   "traceback": traceback.format_exc()[-8000:]})
         _free_accelerator_memory()
     finally:
-        jobs.drop_lease(r, job_id, holder)
+        try:
+            jobs.drop_lease(r, job_id, holder)
+        except redis.exceptions.RedisError:
+            pass  # Redis still away: the lease lapses by its TTL
         res.heartbeat.set_ready()

@@ -206,3 +206,16 @@ def test_compose_services_and_schedule():
     request = parse_sweep_request(entry.sweep)
     assert request.url == f"ws://duplex-reference:{port}/v1/realtime" and entry.run_on_start
     assert int(server_cmd[server_cmd.index("--max-sessions") + 1]) >= max(request.sessions)
+
+
+@pytest.mark.parametrize("code,absent", [
+    ("import api.sweeps; from api import create_app; create_app({'TESTING': True})", ("torch", "numpy", "websockets")),
+    ("import loadrunner.celery_app, loadrunner.sweep_tasks, loadrunner.beat, loadrunner.server", ("torch",)),
+])
+def test_import_footprint(code, absent):
+    """The API blueprint stays free of torch/numpy/websockets, and the sweep Celery app never imports torch."""
+    probe = f"import sys; {code}; print(','.join(m for m in {absent!r} if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                            cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ""

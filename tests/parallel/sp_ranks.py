@@ -61,6 +61,20 @@ def dit_outputs(model, inputs: DitInputs) -> dict[str, torch.Tensor]:
     return {"dense_video": dense_video, "dense_audio": dense_audio, "vsa_video": vsa_video, "vsa_audio": vsa_audio}
 
 
+def refusals(model, world: int) -> list[str]:
+    """Messages of the ValueErrors raised by applying SP twice and by a head count the group does not divide."""
+    from worker.h3.parallel import SequenceParallel, apply_sequence_parallel, parallelize_attention
+
+    messages = []
+    for attempt in (lambda: apply_sequence_parallel(model),
+                    lambda: parallelize_attention([], SequenceParallel(None), heads=2 * world + 1)):
+        try:
+            attempt()
+        except ValueError as err:
+            messages.append(str(err))
+    return messages
+
+
 def sp_dit_rank(rank: int, world: int, port: int, release_dir: str, out_dir: str, dtype_name: str) -> None:
     """One gloo rank: load the tiny DiT, make it sequence-parallel, save its dense and VSA outputs."""
     from worker.h3.parallel import apply_sequence_parallel
@@ -70,6 +84,7 @@ def sp_dit_rank(rank: int, world: int, port: int, release_dir: str, out_dir: str
     try:
         model = apply_sequence_parallel(load_dit(Path(release_dir), getattr(torch, dtype_name)))
         outputs = dit_outputs(model, DitInputs.make(model.config))
+        outputs["refusals"] = refusals(model, world)
         torch.save(outputs, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()

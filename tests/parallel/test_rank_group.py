@@ -62,6 +62,21 @@ def test_render_cli_refuses_a_bad_rank_count(tiny_release, tmp_path):
     assert proc.returncode == 2 and len(lines) == 1 and "--ranks" in lines[0], proc.stderr
 
 
+def test_render_cli_two_ranks_names_a_drifted_contract_field(tiny_release, tmp_path):
+    """A release the ranks refuse while loading (contract drift) exits 2 with one line naming the field."""
+    import shutil
+
+    bad = Path(shutil.copytree(tiny_release, tmp_path / "bad"))
+    contract = json.loads((bad / "fastvideo_inference.json").read_text())
+    contract["vsa_sparsity"] = 0.9
+    (bad / "fastvideo_inference.json").write_text(json.dumps(contract))
+    (tmp_path / "hf-cache").symlink_to(tiny_release.parent / "hf-cache")
+    proc = render_cli("--release", str(bad), "--prompt", "x", "--device", "cpu", "--ranks", "2", "--out",
+                      str(tmp_path / "x.mp4"), cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "vsa_sparsity" in lines[0], proc.stderr
+
+
 @pytest.fixture(scope="module")
 def group(tiny_release):
     """A 2-rank CPU group, resident for the whole module."""
@@ -107,6 +122,14 @@ def test_group_refuses_bad_requests_in_the_driver(group, tmp_path):
     """An empty prompt is a ValueError naming the prompt, raised before any rank sees the request."""
     with pytest.raises(ValueError, match="prompt"):
         group.render(RenderRequest("   "), tmp_path / "x.mp4")
+
+
+def test_prompt_refused_by_rank0_encoder_fails_every_rank_together(group, tmp_path):
+    """An over-long prompt (refused by the text encoder on rank 0 only) is a ValueError; the group keeps serving."""
+    with pytest.raises(ValueError, match="token"):
+        group.render(RenderRequest("snow " * 3000), tmp_path / "long.mp4")
+    assert all(p.is_alive() for p in group._processes)
+    assert group.render(RenderRequest(PROMPT, seed=1), tmp_path / "ok.mp4").frames == 107
 
 
 def test_a_dead_rank_stops_the_group_with_an_error(tiny_release, tmp_path):

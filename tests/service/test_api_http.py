@@ -277,3 +277,35 @@ def test_unreachable_redis_is_503_storage_unavailable_not_500(artifacts_dir):
         assert ready.status_code == 503 and ready.json()["checks"]["redis"]["ok"] is False
     finally:
         stop()
+
+
+def test_idempotency_key_replays_the_same_job_and_refuses_another_body(api, jobs_made, r):
+    """A create retried with the same Idempotency-Key and body returns the original job (Idempotent-Replayed);
+    the same key with a different body is 422; 20 concurrent identical creates make exactly one job."""
+    headers = {"Idempotency-Key": '"retry-me-1"'}
+    first = requests.post(f"{api.base}/jobs", json={"prompt": "once"}, headers=headers, timeout=10)
+    assert first.status_code == 202
+    jobs_made.append(first.json()["id"])
+    again = requests.post(f"{api.base}/jobs", json={"prompt": "once"}, headers=headers, timeout=10)
+    assert again.status_code == 202 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"] and again.json()["seed"] == first.json()["seed"]
+    assert_error(requests.post(f"{api.base}/jobs", json={"prompt": "twice"}, headers=headers, timeout=10),
+                 422, "idempotency_key_reused")
+
+    before = r.zcard("h3b:jobs")
+    results: list[requests.Response] = []
+
+    def create_same():
+        results.append(requests.post(f"{api.base}/jobs", json={"prompt": "race"},
+                                     headers={"Idempotency-Key": "race-key-7"}, timeout=30))
+
+    threads = [threading.Thread(target=create_same) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    made = {reply.json()["id"] for reply in results if reply.status_code == 202}
+    jobs_made.extend(made)
+    assert len(made) == 1 and r.zcard("h3b:jobs") == before + 1
+    for reply in results:  # the rest replayed it, or were told to retry while the first was in flight
+        assert reply.status_code == 202 or (reply.status_code == 409 and reply.headers["Retry-After"] == "1")

@@ -32,7 +32,7 @@ def test_demo_renders_out_demo_mp4_and_stops_everything(redis_url, tiny_release,
     """`h3batch demo` posts a job over HTTP, shows stage/step progress, writes a decodable out/demo.mp4, prints the
     completed job JSON, and leaves no API port open and no worker heartbeat behind."""
     env = local_env(redis_url, 4, tmp_path, tiny_release)
-    done = subprocess.run(H3BATCH + ["demo"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(H3BATCH + ["demo", "--width", "128", "--height", "32"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "denoise 8/8" in done.stdout or "denoise" in done.stdout
     job = json.loads(done.stdout[done.stdout.index("\n{") + 1:])

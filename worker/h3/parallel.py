@@ -151,17 +151,26 @@ def apply_sequence_parallel(model: H3Transformer, group: dist.ProcessGroup | Non
     if getattr(model, "sequence_parallel", None) is not None:
         raise ValueError("apply_sequence_parallel: this model is already sequence-parallel")
     sp = SequenceParallel(group)
-    heads = model.config.num_attention_heads
+    parallelize_attention(model.blocks, sp, model.config.num_attention_heads)
+    model.sequence_parallel = sp
+    model.forward = types.MethodType(sequence_parallel_forward, model)
+    return model
+
+
+def parallelize_attention(blocks, sp: SequenceParallel, heads: int) -> None:
+    """Swap each DiT block's attention core for `UlyssesAttention` over `sp` (also used alone by bench/sp_block.py).
+
+    Raises ValueError when `heads` does not divide by the group size.
+    """
     if heads % sp.world:
         raise ValueError(
             f"sequence parallelism: expected the {heads} attention heads to divide by the group size, got {sp.world} "
             f"ranks"
         )
-    for block in model.blocks:
+    for block in blocks:
+        if isinstance(block.attn.core, UlyssesAttention):
+            raise ValueError("sequence parallelism: this block's attention is already wrapped")
         block.attn.core = UlyssesAttention(block.attn.core, sp)
-    model.sequence_parallel = sp
-    model.forward = types.MethodType(sequence_parallel_forward, model)
-    return model
 
 
 def sequence_parallel_forward(

@@ -1,0 +1,80 @@
+"""`Idempotency-Key` for POST /jobs (IETF draft-ietf-httpapi-idempotency-key-header), per API key, kept 24 h.
+
+A retried create with the same key and the same body gets the original job back (`Idempotent-Replayed: true`)
+instead of a second render; the same key with another body is 422 `idempotency_key_reused`; a retry that arrives
+while the first request is still being handled is 409 `idempotency_key_in_use` with `Retry-After: 1`.
+
+State per key is one Redis string, `h3b:idem:{owner}:{sha256(key)}` = JSON `{"fingerprint", "job_id"}`, claimed
+with SET NX (so of N concurrent identical requests exactly one creates the job) and given its job id afterwards.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from api.errors import ApiError
+from worker import keys
+
+TTL_S = 86_400
+"""How long a key remembers its job."""
+MAX_KEY_CHARS = 255
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The outcome of presenting a key: either this request owns it (`job_id` None) or it replays `job_id`."""
+
+    redis_key: str
+    fingerprint: str
+    job_id: str | None
+
+
+def parse_key(header: str | None) -> str | None:
+    """The key from the header (a structured-field string: surrounding quotes stripped); None when absent."""
+    if header is None:
+        return None
+    key = header.strip()
+    if len(key) >= 2 and key[0] == key[-1] == '"':
+        key = key[1:-1]
+    if not key or len(key) > MAX_KEY_CHARS:
+        raise ApiError(400, "invalid_request", f"Idempotency-Key: expected 1..{MAX_KEY_CHARS} characters, "
+                                               f"found {len(key)}")
+    return key
+
+
+def fingerprint(body: dict[str, Any]) -> str:
+    """SHA-256 of the validated request in canonical JSON (key order and whitespace do not matter)."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def claim(r: redis.Redis, owner: str, key: str, body_fingerprint: str) -> Claim:
+    """Take the key for this request, or find the job it already made. Raises 409 in use / 422 reused."""
+    redis_key = keys.idempotency(owner, hashlib.sha256(key.encode()).hexdigest())
+    mine = json.dumps({"fingerprint": body_fingerprint, "job_id": None})
+    if r.set(redis_key, mine, nx=True, ex=TTL_S):
+        return Claim(redis_key, body_fingerprint, None)
+    raw = r.get(redis_key)
+    if raw is None:  # expired between SET and GET: take it now
+        return claim(r, owner, key, body_fingerprint)
+    stored = json.loads(raw)
+    if stored["fingerprint"] != body_fingerprint:
+        raise ApiError(422, "idempotency_key_reused", "Idempotency-Key was already used with a different body",
+                       False, {"x-should-retry": "false"})
+    if stored["job_id"] is None:
+        raise ApiError(409, "idempotency_key_in_use", "a request with this Idempotency-Key is still being handled",
+                       True, {"Retry-After": "1"})
+    return Claim(redis_key, body_fingerprint, stored["job_id"])
+
+
+def record_job(r: redis.Redis, held: Claim, job_id: str) -> None:
+    """The request that owns the key made `job_id`: later replays return it."""
+    r.set(held.redis_key, json.dumps({"fingerprint": held.fingerprint, "job_id": job_id}), keepttl=True)
+
+
+def release(r: redis.Redis, held: Claim) -> None:
+    """The owning request failed before making a job: free the key so a retry can try again."""
+    r.delete(held.redis_key)

@@ -1,0 +1,158 @@
+"""The reaper: puts back in line every job that lost its worker or its Celery message (spec §4 "reconciler").
+
+Run by every worker's heartbeat thread (worker/tasks.py `Heartbeat.reconcile`), one worker per interval under the
+`h3b:reconcile` lock; its first pass runs one heartbeat period after the worker starts. Two cases:
+
+1. Orphaned running job: `in_progress` in the record, no lease (its worker died, or lost Redis, longer than the
+   lease TTL). The job goes back to `queued` (compare-and-set on the attempt seen, so a worker that re-claimed it
+   meanwhile wins) and gets a fresh render message; `claim_job` then starts attempt + 1. A job that already used
+   `max_attempts` fails with `worker_lost` instead. This bounds the delay after a kill -9 by lease TTL + reconcile
+   interval (30 s + 10 s by default), instead of the broker's visibility timeout (2 x H3BATCH_MAX_RUN_S): the dead
+   worker's own unacked message is redelivered only then, finds the job finished and is acked without work.
+2. Queued job without a message: `queued` for longer than `grace_s` but no render message for it waits in the
+   broker list, and none was taken by a worker within `grace_s` (an API that died between writing the record and
+   sending, a message lost inside Redis's AOF fsync window, a worker killed between taking a message and claiming).
+   It gets a new message.
+
+Reading the broker's own structures (the `render` list and kombu's `unacked` hash) is what makes case 2 exact:
+Celery has no API that lists waiting messages of the Redis transport, so this module decodes kombu's message
+envelope (JSON; body base64 JSON `[args, kwargs, embed]`) itself, and ignores anything it cannot decode.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import redis
+
+from worker import defaults, jobs, keys, lease
+from worker.jobs import JobStatus, Stage
+
+log = logging.getLogger("h3batch.worker")
+
+KOMBU_UNACKED = "unacked"
+KOMBU_UNACKED_INDEX = "unacked_index"
+KOMBU_PRIORITY_SEP = "\x06\x16"
+KOMBU_PRIORITY_STEPS = (3, 6, 9)
+"""kombu's Redis transport keeps priority p > 0 messages of queue q in the list `q\\x06\\x16p` (steps 0, 3, 6, 9)."""
+
+
+@dataclass(frozen=True)
+class ReapReport:
+    """What one pass did (job ids)."""
+
+    requeued: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    resent: list[str] = field(default_factory=list)
+
+
+def _job_id_of(raw_message: str | bytes) -> str | None:
+    """The job id a kombu-encoded render message carries, or None for anything else."""
+    try:
+        message = json.loads(raw_message)
+        if message.get("headers", {}).get("task") != defaults.RENDER_TASK:
+            return None
+        body = message["body"]
+        if message.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+        return str(args[0]) if args else None
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+
+
+def messages_waiting(r: redis.Redis, queue: str = defaults.RENDER_QUEUE) -> set[str]:
+    """Job ids with a render message in the broker's ready lists of `queue` (all priorities)."""
+    found: set[str] = set()
+    for name in [queue] + [f"{queue}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS]:
+        for raw in r.lrange(name, 0, -1):
+            job_id = _job_id_of(raw)
+            if job_id:
+                found.add(job_id)
+    return found
+
+
+def messages_taken_since(r: redis.Redis, since: float) -> set[str]:
+    """Job ids of render messages a worker took (kombu `unacked`) at or after Unix time `since`."""
+    tags = r.zrangebyscore(KOMBU_UNACKED_INDEX, since, "+inf")
+    if not tags:
+        return set()
+    found: set[str] = set()
+    for raw in r.hmget(KOMBU_UNACKED, tags):
+        if raw is None:
+            continue
+        try:
+            envelope = json.loads(raw)[0]
+        except (ValueError, IndexError, TypeError):
+            continue
+        job_id = _job_id_of(json.dumps(envelope))
+        if job_id:
+            found.add(job_id)
+    return found
+
+
+def ready_depth(r: redis.Redis, queue: str = defaults.RENDER_QUEUE) -> int:
+    """Messages waiting in the broker for `queue` (all priorities): the work an idle consumer should be taking."""
+    names = [queue] + [f"{queue}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS]
+    with r.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.llen(name)
+        return sum(int(n) for n in pipe.execute())
+
+
+def reap(r: redis.Redis, send: Callable[[str], None], *, grace_s: float, record_ttl_s: int,
+         max_attempts: int = defaults.MAX_ATTEMPTS, queue: str = defaults.RENDER_QUEUE,
+         now: float | None = None) -> ReapReport:
+    """One pass over running and queued jobs (see the module docstring); `send(job_id)` publishes a message."""
+    now = time.time() if now is None else now
+    report = ReapReport()
+    for job_id in jobs.orphaned_running(r):
+        record = jobs.load_job(r, job_id)
+        if record is None or record["status"] != JobStatus.IN_PROGRESS.value:
+            continue
+        attempt = record.get("attempt") or 0
+        extra = {"job_id": job_id, "attempt": attempt}
+        if attempt >= max_attempts:
+            done = jobs.transition(
+                r, job_id, JobStatus.FAILED, expect={JobStatus.IN_PROGRESS}, expect_attempt=attempt,
+                fields={"error": {"code": "worker_lost", "message": f"the worker died {attempt} times while "
+                                  f"rendering this job", "retryable": True, "stage": record.get("stage")}},
+                record_ttl_s=record_ttl_s, now=now)
+            if done is not None:
+                report.failed.append(job_id)
+                log.warning("job failed: its worker was lost on every attempt", extra=extra)
+            continue
+        requeued = jobs.transition(
+            r, job_id, JobStatus.QUEUED, expect={JobStatus.IN_PROGRESS}, expect_attempt=attempt,
+            fields={"stage": Stage.QUEUED, "step": 0, "progress": 0.0, "requeued_at": now}, now=now)
+        if requeued is None:
+            continue  # re-claimed, cancelled or deleted meanwhile
+        send(job_id)
+        lease.count(r, job_id, "requeues")
+        r.hset(keys.runs(job_id), "requeued_at", repr(now))
+        report.requeued.append(job_id)
+        log.warning("requeued job whose worker lost its lease", extra=extra)
+
+    stale_before = now - grace_s
+    candidates = [j for j, _ in r.zrange(keys.QUEUE, 0, -1, withscores=True) if j not in report.requeued]
+    if candidates:
+        with r.pipeline(transaction=False) as pipe:
+            for job_id in candidates:
+                pipe.hmget(keys.job(job_id), ["status", "created_at", "requeued_at"])
+            rows = pipe.execute()
+        old = [job_id for job_id, (status, created, requeued) in zip(candidates, rows)
+               if status == JobStatus.QUEUED.value and max(float(created or 0), float(requeued or 0)) < stale_before]
+        if old:
+            covered = messages_waiting(r, queue) | messages_taken_since(r, stale_before)
+            for job_id in old:
+                if job_id in covered:
+                    continue
+                send(job_id)
+                lease.count(r, job_id, "resent")
+                report.resent.append(job_id)
+                log.warning("re-sent the render message of a queued job that had none", extra={"job_id": job_id})
+    return report
