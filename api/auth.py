@@ -17,8 +17,10 @@ from api.errors import ApiError
 
 log = logging.getLogger("h3batch.api")
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
-"""Routes answered without a key."""
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/", "/ui/sweeps"})
+"""Routes answered without a key (the web UI's pages hold no data; their script sends the key)."""
+OPEN_PREFIXES = ("/static/",)
+"""Path prefixes answered without a key: the web UI's script and stylesheet."""
 
 _EXTENSION_KEY = "h3batch.key_digests"
 
@@ -52,7 +54,7 @@ def _authenticate() -> None:
 
     digests: list[bytes] = current_app.extensions[_EXTENSION_KEY]
     g.owner = ""
-    if not digests or request.path in OPEN_PATHS:
+    if not digests or request.path in OPEN_PATHS or request.path.startswith(OPEN_PREFIXES):
         return
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import time
@@ -16,6 +17,7 @@ from api.enqueue import enqueue_render
 from api.errors import ApiError
 from api.redis_client import get_redis
 from api.schemas import CreateJob, job_view
+from api.webhook_check import vet_webhook_url
 from api.wait import wait_for_finish
 from worker import defaults, keys
 from worker.jobs import (FINISHED, TERMINAL_EVENTS, BadCursor, JobSpec, JobStatus, create_job, delete_job,
@@ -28,7 +30,7 @@ bp = Blueprint("jobs", __name__)
 _NO_RETRY = {"x-should-retry": "false"}
 _PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*(\d+)", re.IGNORECASE)
 _EVENT_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
-KEEPALIVE_S = 15.0
+KEEPALIVE_S = float(os.environ.get("H3BATCH_SSE_KEEPALIVE_S", "") or 15.0)
 """An SSE comment line at least this often keeps proxies from closing an idle event stream."""
 _EVENT_BLOCK_MS = 2000  # one XREAD BLOCK; below the Redis client's 5 s socket timeout
 
@@ -43,7 +45,7 @@ def _error_code(exc: ValidationError) -> tuple[str, str]:
     message = first["msg"] if kind in ("unsupported_size", "unsupported_duration", "empty_prompt",
                                        "prompt_too_long", "invalid_text") else f"{where}: {first['msg']}"
     if kind == "extra_forbidden":
-        message = f"{where}: unknown field (accepted: prompt, seconds, width, height, seed, release)"
+        message = f"{where}: unknown field (accepted: prompt, seconds, width, height, seed, release, webhook_url)"
     return code, message
 
 
@@ -138,13 +140,17 @@ def create():
     return response
 
 
-def _create_and_enqueue(r, req: CreateJob) -> dict[str, Any]:
-    """Write the queued record, then send its message; a refused message fails the job (never left queued)."""
+def _create_and_enqueue(r, req: CreateJob, api: str = "jobs") -> dict[str, Any]:
+    """Write the queued record, then send its message; a refused message fails the job (never left queued).
+    `api` names the view creating it ("openai" for /v1/videos)."""
+    if req.webhook_url is not None:
+        vet_webhook_url(req.webhook_url)  # 400/422 before anything is written
     if queued_count(r) >= current_app.config["MAX_QUEUED"]:
         raise ApiError(503, "queue_full", f"{current_app.config['MAX_QUEUED']} jobs are queued; retry later", True,
                        {"Retry-After": str(defaults.QUEUE_FULL_RETRY_AFTER_S)})
     spec = JobSpec(prompt=req.prompt, seconds=float(req.seconds), width=req.width, height=req.height,
-                   seed=random_seed() if req.seed is None else req.seed, release=req.release, owner=g.owner)
+                   seed=random_seed() if req.seed is None else req.seed, release=req.release, owner=g.owner,
+                   webhook_url=req.webhook_url, api=api)
     record = create_job(r, spec)
     g.job_id = record["id"]
     try:

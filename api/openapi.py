@@ -56,7 +56,7 @@ def _paths() -> dict[str, Any]:
                      "parameters": [{"name": "Prefer", "in": "header", "required": False,
                                      "schema": {"type": "string"}, "description": "`wait=N`: block up to N s"},
                                     {"name": "Idempotency-Key", "in": "header", "required": False,
-                                     "schema": {"type": "string", "maxLength": 257},
+                                     "schema": {"type": "string", "minLength": 1, "maxLength": 255},
                                      "description": "Retry-safe create: same key + body returns the first job"}],
                      "responses": {"202": {**job_ok, "description": "Queued (Location: /jobs/{id})"},
                                    "200": {**job_ok, "description": "Finished within Prefer: wait"},
@@ -64,7 +64,9 @@ def _paths() -> dict[str, Any]:
             "get": {"operationId": "listJobs", "summary": "List jobs, newest first",
                     "parameters": [
                         {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
-                        {"name": "after", "in": "query", "schema": {"type": "string", "minLength": 1}},
+                        {"name": "after", "in": "query", "schema": {"type": "string", "minLength": 1},
+                         "description": "last_id of the previous page; an id that is not one of your jobs is 400 "
+                                        "invalid_cursor"},
                         {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"]}},
                         {"name": "status", "in": "query", "schema": {"enum": list(schemas.StatusName.__args__)}}],
                     "responses": {"200": _json("JobList", "One page"), **_errors(400, 401, 503)}},

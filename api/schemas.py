@@ -24,15 +24,23 @@ class CreateJob(BaseModel):
     # minLength/pattern/maxLength document the checks `_prompt_ok` makes (it words the errors better than pydantic).
     prompt: str = Field(description="What the clip shows and sounds like; not empty.",
                         json_schema_extra={"minLength": 1, "maxLength": defaults.MAX_PROMPT_CHARS, "pattern": r"\S"})
-    seconds: float = Field(defaults.DEFAULT_SECONDS, description="Clip length, 4 to 15 s.")
-    width: int = Field(defaults.DEFAULT_WIDTH, description="Canvas width in pixels, a multiple of 32.")
+    # The geometry limits are checked by worker.h3.geometry (errors unsupported_size / unsupported_duration); the
+    # schema keywords below only document them (the aspect rule has no JSON Schema keyword).
+    seconds: float = Field(defaults.DEFAULT_SECONDS, description="Clip length, 4 to 15 s.",
+                           json_schema_extra={"minimum": 4, "maximum": 15})
+    width: int = Field(defaults.DEFAULT_WIDTH, description="Canvas width in pixels, a multiple of 32.",
+                       json_schema_extra={"minimum": 32, "multipleOf": 32})
     height: int = Field(defaults.DEFAULT_HEIGHT, description="Canvas height in pixels, a multiple of 32; "
-                                                             "aspect 1:4 to 4:1.")
+                                                             "aspect width/height 1:4 to 4:1.",
+                        json_schema_extra={"minimum": 32, "multipleOf": 32})
     seed: int | None = Field(None, ge=0, lt=2**63, description="Sampler noise seed; random 63-bit when omitted "
                                                                 "(the chosen value is recorded on the job).")
     release: str | None = Field(None, min_length=1, max_length=200,
                                 description="Release id the job needs; a worker serving another one fails the job "
                                             "with release_mismatch.")
+    webhook_url: str | None = Field(None, min_length=1, max_length=2048,
+                                    description="http(s) URL that gets a signed POST (Standard Webhooks) when the job "
+                                                "completes, fails or is cancelled; see docs/api.md.")
 
     @field_validator("prompt", "release")
     @classmethod
@@ -128,6 +136,10 @@ class Job(BaseModel):
     cancel_reason: str | None = None
     cancelled_at_stage: str | None = None
     error: JobError | None = None
+    metadata: dict[str, Any] | None = Field(None, description="Provenance once rendered: resolved parameters, seed, "
+                                                             "release_id, contract_hash, gpu, library versions.")
+    webhook_url: str | None = None
+    webhook_deliveries: list[dict[str, Any]] | None = Field(None, description="One entry per webhook attempt.")
     links: JobLinks
 
 
@@ -158,7 +170,8 @@ def job_view(record: dict[str, Any], queue_position: int | None) -> dict[str, An
         timings=timings, frames=record.get("frames"), size_bytes=record.get("size_bytes"),
         attempt=record.get("attempt") or 0, worker=record.get("worker"),
         cancel_reason=record.get("cancel_reason"), cancelled_at_stage=record.get("cancelled_at_stage"),
-        error=record.get("error"),
+        error=record.get("error"), metadata=record.get("metadata"), webhook_url=record.get("webhook_url"),
+        webhook_deliveries=record.get("webhook_deliveries"),
         links=JobLinks(self=f"/jobs/{job_id}", content=f"/jobs/{job_id}/content", cancel=f"/jobs/{job_id}/cancel",
                        events=f"/jobs/{job_id}/events"),
     )

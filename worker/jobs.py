@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 
-from worker import defaults, keys
+from worker import defaults, keys, webhooks
 
 
 class JobStatus(str, enum.Enum):
@@ -66,7 +66,7 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
 # Field -> decoder for the hash's string values; fields not listed stay str.
 _INT_FIELDS = {"step", "total_steps", "width", "height", "seed", "seq", "attempt", "frames", "size_bytes"}
 _FLOAT_FIELDS = {"progress", "seconds", "created_at", "started_at", "finished_at", "expires_at"}
-_JSON_FIELDS = {"timings", "tokens", "error"}
+_JSON_FIELDS = {"timings", "tokens", "error", "metadata", "webhook_deliveries"}
 _EVENT_FIELDS = ("attempt", "stage", "progress", "error", "cancel_reason", "cancelled_at_stage")
 """Fields of a transition's update copied into its event."""
 
@@ -82,6 +82,9 @@ class JobSpec:
     seed: int
     release: str | None = None
     owner: str = ""
+    webhook_url: str | None = None  # vetted by worker.webhooks.check_url at the door
+    api: str = "jobs"  # which view created it: "jobs" or "openai" (/v1/videos); picks webhook event names
+
 
 
 def new_job_id() -> str:
@@ -151,6 +154,10 @@ def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None) -> di
         "width": spec.width, "height": spec.height, "seed": spec.seed, "release": spec.release,
         "owner": spec.owner, "seq": seq, "created_at": now, "attempt": 0,
     }
+    if spec.webhook_url:
+        record["webhook_url"] = spec.webhook_url
+    if spec.api != "jobs":
+        record["api"] = spec.api
     with r.pipeline(transaction=True) as pipe:
         pipe.hset(keys.job(job_id), mapping=_encode(record))
         pipe.zadd(keys.JOBS_INDEX, {job_id: seq})
@@ -209,6 +216,8 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
                 update["status"] = to
                 if to in FINISHED and to is not JobStatus.EXPIRED:
                     update.setdefault("finished_at", now)
+                # A job with a webhook_url gets its delivery queued in this same transaction (worker/webhooks.py).
+                hook = pipe.hget(key, "webhook_url") if to.value in TERMINAL_EVENTS else None
                 pipe.multi()
                 pipe.hset(key, mapping=_encode(update))
                 if status is JobStatus.QUEUED:
@@ -228,6 +237,8 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
                         pipe.expire(key, record_ttl_s)
                         pipe.expire(keys.events(job_id), record_ttl_s)
                     pipe.publish(keys.done_channel(job_id), to.value)
+                if hook:
+                    webhooks.schedule(pipe, job_id, to.value, now)
                 pipe.execute()
                 break
             except redis.WatchError:

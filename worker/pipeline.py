@@ -55,6 +55,7 @@ class RenderRequest:
     width: int = 256
     height: int = 128
     seed: int = 0
+    metadata: tuple[tuple[str, str], ...] = ()  # extra MP4 tags (job id, resolved params, versions), in order
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,9 @@ class Pipeline:
             "h3batch_release": self.release_id,
             "h3batch_contract_sha256": self.contract_hash,
             "h3batch_seed": str(req.seed),
+            "h3batch_stage_seconds": ",".join(f"{k}={v:.4f}" for k, v in timings.items()),  # stages before mux
         }
+        metadata.update(req.metadata)
         path = mp4.write_mp4(out_path, frames, waveform, metadata=metadata)
         timings["mux"] = time.perf_counter() - t0
 

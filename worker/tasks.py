@@ -22,7 +22,7 @@ from typing import Any, Callable
 import redis
 from celery import shared_task
 
-from worker import defaults, jobs, keys, lease, reaper
+from worker import defaults, job_metadata, jobs, keys, lease, reaper, webhooks
 from worker.celery_app import make_celery
 from worker.exceptions import InvalidRequest, JobError, ReleaseMismatch
 from worker.jobs import JobStatus, Stage
@@ -151,6 +151,7 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
         heartbeat.state = "READY" if ready else "STARTING"
         heartbeat.beat()
         heartbeat.start()
+        webhooks.start_dispatcher(r)  # signed POSTs for finished jobs with a webhook_url (worker/webhooks.py)
         log.info("model resident release=%s load_s=%.2f total_model_loads=%d", pipeline.release_id, load_s, loads)
         _resident = Resident(settings=settings, r=r, pipeline=pipeline, heartbeat=heartbeat)
         return _resident
@@ -246,8 +247,13 @@ def run_job(res: Resident, job_id: str) -> None:
         if wanted and wanted != pipeline.release_id:
             raise ReleaseMismatch(f"release: this worker serves {pipeline.release_id!r}, the job asks for "
                                   f"{wanted!r}")
+        meta = job_metadata.for_job(record, release_id=pipeline.release_id,
+                                    contract_hash=getattr(pipeline, "contract_hash", ""),
+                                    device=str(getattr(pipeline, "device", "") or settings.device or "") or None,
+                                    ranks=int(getattr(pipeline, "ranks", 1)))
         request = RenderRequest(prompt=record["prompt"], seconds=record["seconds"], width=record["width"],
-                                height=record["height"], seed=record["seed"])
+                                height=record["height"], seed=record["seed"],
+                                metadata=job_metadata.mp4_tags(meta))
         try:
             pipeline.validate(request)
         except ValueError as exc:
@@ -266,7 +272,7 @@ def run_job(res: Resident, job_id: str) -> None:
         done = finish(JobStatus.COMPLETED, {
             "stage": Stage.FINALIZE, "progress": 1.0, "step": record["total_steps"],
             "artifact": f"{job_id}/{VIDEO_NAME}", "sha256": sha256, "size_bytes": size, "timings": timings,
-            "tokens": dict(result.tokens), "frames": result.frames, "finished_at": now,
+            "tokens": dict(result.tokens), "frames": result.frames, "finished_at": now, "metadata": meta,
             "expires_at": now + settings.result_ttl_s})
         if done is None:  # finish() already removed the files
             log.info("render finished but the job was deleted or cancelled meanwhile", extra=extra)

@@ -63,7 +63,13 @@ class Watchdog(threading.Thread):
         self.r, self.worker_name, self.queues, self.busy, self.config = r, worker_name, queues, busy, config
         self.on_stall = on_stall or self._exit
         self.last_task_started = time.monotonic()
+        self._armed = threading.Event()  # set once the consumer is up (Celery worker_ready): start-up is not a stall
         self._stop_event = threading.Event()
+
+    def arm(self, **_: object) -> None:
+        """Celery `worker_ready` receiver: from now on the consumer should be taking messages."""
+        self.last_task_started = time.monotonic()
+        self._armed.set()
 
     def task_started(self, **_: object) -> None:
         """Celery `task_prerun` receiver: the consumer delivered something to this process."""
@@ -76,6 +82,8 @@ class Watchdog(threading.Thread):
         stalled_since: float | None = None
         while not self._stop_event.wait(self.config.check_every_s):
             now = time.monotonic()
+            if not self._armed.is_set():
+                continue
             try:
                 waiting = sum(reaper.ready_depth(self.r, q) for q in self.queues)
             except redis.exceptions.RedisError:
@@ -107,10 +115,11 @@ def start(r: redis.Redis, worker_name: str, queues: list[str], busy: Callable[[]
     if config.stall_s == 0:
         log.warning("watchdog off (H3BATCH_STALL_S=0): a consumer that stops taking messages is not restarted")
         return None
-    from celery.signals import task_prerun  # noqa: PLC0415
+    from celery.signals import task_prerun, worker_ready  # noqa: PLC0415
 
     dog = Watchdog(r, worker_name, queues, busy, config)
     task_prerun.connect(dog.task_started, weak=False)
+    worker_ready.connect(dog.arm, weak=False)
     dog.start()
     log.info("watchdog on stall_s=%.1f queues=%s", config.stall_s, ",".join(queues))
     return dog

@@ -15,11 +15,14 @@ CASE = Case((7,), 336)  # 336 = 2 full 128-column chunks + 80
 EPS = 1e-6
 
 
-@pytest.fixture
-def small_chunks(monkeypatch):
-    """Force 128-column chunks (3 per row, the last one masked) in every launcher."""
+@pytest.fixture(params=[128, 64], ids=["3-chunks-resident", "6-chunks-streamed"])
+def small_chunks(monkeypatch, request):
+    """Force small chunks in every launcher: 128 columns (3 per row, held in registers by the RMS kernel) or 64
+    (6 per row, more than it holds: streamed twice); the last chunk is masked either way."""
+    block = request.param
     for module in (gate_module, gate_norm_module, rms_module, scale_shift_module):
-        monkeypatch.setattr(module, "block_config", lambda hidden: (128, 4))
+        monkeypatch.setattr(module, "block_config", lambda hidden: (block, 4))
+    assert (rms_module.resident_chunks(CASE.hidden, block) > 0) == (block == 128)
 
 
 @pytest.mark.parametrize("mode", ["generic", "sm90_bf16_affine"])

@@ -71,6 +71,8 @@ def test_create_answers_202_with_location_and_a_readable_queued_record(api, jobs
     ({"prompt": "x", "seed": -1}, "invalid_request"),
     ({"prompt": "x", "seed": 2**63}, "invalid_request"),
     ({"prompt": "x" * 4001}, "invalid_request"),
+    ({"prompt": "lone \ud800 surrogate"}, "invalid_request"),  # found by schemathesis: was a 500
+    ({"prompt": "x", "release": "\udfff"}, "invalid_request"),
     ([1, 2], "invalid_json"),
 ])
 def test_bad_create_bodies_get_400_with_the_error_envelope(api, jobs_made, body, code):

@@ -1,0 +1,154 @@
+"""Per-API-key rate limits: a token bucket in Redis per key and bucket (creates, reads) → 429 `rate_limited`.
+
+Two buckets per key (spec §1 row 15): `creates` (POST /jobs, POST /v1/videos[/sync]) and `reads` (every other
+authenticated request). A bucket holds up to one minute's quota and refills continuously; a request takes one token
+or is answered 429 with `Retry-After` (whole seconds until a token is back) and, on every limited route, the
+`RateLimit-Policy` / `RateLimit` headers of draft-ietf-httpapi-ratelimit-headers-10
+(`"creates";q=60;w=60` and `"creates";r=<tokens left>;t=<seconds until full>`).
+
+The bucket update is one Lua script (read, refill, take, write, expire), so concurrent API threads and processes
+never over-admit, and it reads Redis's own clock (TIME), so API hosts with skewed clocks agree. Written here rather
+than taken from a library: the Flask limiters on the package index count fixed or moving windows per client
+address, not per-key token buckets shared through h3batch's own Redis with the draft-10 headers.
+
+Limits apply per API key. With no keys configured (the open local demo) there is nothing to key on and no limit;
+create_app already logs that the API is open.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from flask import Flask, current_app, g, request
+
+from api.auth import OPEN_PATHS
+from api.errors import ApiError
+from api.redis_client import get_redis
+from worker import keys
+from worker.exceptions import ConfigError
+
+log = logging.getLogger("h3batch.api")
+
+CREATE_PATHS = frozenset({"/jobs", "/v1/videos", "/v1/videos/sync"})
+"""POSTs to these paths spend the `creates` bucket; everything else spends `reads`."""
+
+_EXTENSION_KEY = "h3batch.rate_limits"
+
+# KEYS[1] bucket hash; ARGV[1] capacity (tokens), ARGV[2] refill (tokens per ms).
+# Returns {allowed 0/1, tokens left (string: Lua numbers become integers in replies), ms until 1 token, ms until full}.
+_TAKE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cap = tonumber(ARGV[1])
+local rate = tonumber(ARGV[2])
+local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts_ms')
+local tokens = tonumber(b[1])
+local ts = tonumber(b[2])
+if tokens == nil or ts == nil then tokens = cap; ts = now end
+tokens = math.min(cap, tokens + math.max(0, now - ts) * rate)
+local allowed = 0
+local wait_ms = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+  allowed = 1
+else
+  wait_ms = math.ceil((1 - tokens) / rate)
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts_ms', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil(cap / rate) + 1000)
+return {allowed, tostring(tokens), wait_ms, math.ceil((cap - tokens) / rate)}
+"""
+
+
+@dataclass(frozen=True)
+class RateLimits:
+    """Requests per minute per API key; 0 turns a bucket off."""
+
+    creates_per_min: int = 60
+    reads_per_min: int = 600
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "RateLimits":
+        env = os.environ if env is None else env
+        return cls(creates_per_min=_per_min(env, "H3BATCH_RATE_CREATES_PER_MIN", cls.creates_per_min),
+                   reads_per_min=_per_min(env, "H3BATCH_RATE_READS_PER_MIN", cls.reads_per_min))
+
+    def quota(self, bucket: str) -> int:
+        return self.creates_per_min if bucket == "creates" else self.reads_per_min
+
+
+def _per_min(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}: expected requests per minute (an integer >= 0), found {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"{name}: expected requests per minute (an integer >= 0), found {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    remaining: int
+    retry_after_s: int
+    reset_s: int
+
+
+def take(r, owner: str, bucket: str, per_min: int) -> Decision:
+    """Spend one token of `owner`'s `bucket` (capacity `per_min`, refilled `per_min` per 60 s)."""
+    allowed, tokens, wait_ms, full_ms = r.eval(_TAKE, 1, keys.rate_bucket(owner, bucket), per_min, per_min / 60_000)
+    return Decision(bool(allowed), int(float(tokens)), max(1, math.ceil(int(wait_ms) / 1000)) if not allowed else 0,
+                    math.ceil(int(full_ms) / 1000))
+
+
+def init_rate_limit(app: Flask) -> None:
+    """Read the limits (H3BATCH_RATE_*; `app.config["RATE_LIMITS"]` overrides) and install the checks."""
+    limits = app.config.get("RATE_LIMITS") or RateLimits.from_env()
+    app.extensions[_EXTENSION_KEY] = limits
+    app.before_request(_check)
+    app.after_request(_headers)
+    if app.config.get("API_KEYS"):
+        log.info("rate limits per key creates_per_min=%d reads_per_min=%d", limits.creates_per_min,
+                 limits.reads_per_min)
+
+
+def _bucket() -> str:
+    return "creates" if request.method == "POST" and request.path.rstrip("/") in CREATE_PATHS else "reads"
+
+
+def _check() -> None:
+    owner = g.get("owner") or ""
+    if not owner or request.path in OPEN_PATHS:
+        return  # open API (no keys) or an open route
+    limits: RateLimits = current_app.extensions[_EXTENSION_KEY]
+    bucket = _bucket()
+    quota = limits.quota(bucket)
+    if quota == 0:
+        return
+    decision = take(get_redis(), owner, bucket, quota)
+    g.rate_limit = (bucket, quota, decision)
+    if not decision.allowed:
+        log.info("rate limited bucket=%s retry_after_s=%d", bucket, decision.retry_after_s)
+        raise ApiError(429, "rate_limited", f"over {quota} {bucket} per minute for this API key; retry in "
+                                            f"{decision.retry_after_s} s", True,
+                       {"Retry-After": str(decision.retry_after_s), **_draft_headers(bucket, quota, decision)})
+
+
+def _draft_headers(bucket: str, quota: int, decision: Decision) -> dict[str, str]:
+    return {"RateLimit-Policy": f'"{bucket}";q={quota};w=60',
+            "RateLimit": f'"{bucket}";r={decision.remaining};t={decision.reset_s}'}
+
+
+def _headers(response):
+    limited = g.get("rate_limit")
+    if limited is not None:
+        for name, value in _draft_headers(*limited).items():
+            response.headers.setdefault(name, value)
+    return response

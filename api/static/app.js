@@ -1,0 +1,248 @@
+// h3batch browser UI: plain JavaScript, no build step. Talks to the JSON API with the stored Bearer key.
+"use strict";
+const H3 = (() => {
+  const KEY = "h3batch.apiKey";
+  const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+  const $ = (id) => document.getElementById(id);
+
+  function headers(extra) {
+    const h = Object.assign({}, extra || {});
+    const key = localStorage.getItem(KEY);
+    if (key) h["Authorization"] = "Bearer " + key;
+    return h;
+  }
+
+  function say(text, isError) {
+    const box = $("message");
+    if (!box) return;
+    box.textContent = text || "";
+    box.classList.toggle("error", !!isError);
+  }
+
+  function askForKey(reason) {
+    $("key-form").hidden = false;
+    say(reason || "This server needs an API key: enter it above.", true);
+  }
+
+  // fetch() with the key; a 401 shows the key form. Returns the Response (throws on network errors).
+  async function api(path, options) {
+    const opts = Object.assign({}, options || {});
+    opts.headers = headers(opts.headers);
+    const response = await fetch(path, opts);
+    if (response.status === 401) askForKey("The API answered 401: enter a valid API key above.");
+    return response;
+  }
+
+  async function errorText(response) {
+    try {
+      const body = await response.json();
+      if (body && body.error) return body.error.code + ": " + body.error.message;
+    } catch (e) { /* not JSON */ }
+    return "HTTP " + response.status;
+  }
+
+  // A blob: URL for an authenticated download (videos, plots): <video src> cannot send headers.
+  async function blobUrl(path) {
+    const response = await api(path);
+    if (!response.ok) throw new Error(await errorText(response));
+    return URL.createObjectURL(await response.blob());
+  }
+
+  // Server-sent events over fetch streaming (headers allowed, unlike EventSource). Calls onEvent(name, data, id)
+  // per event; reconnects with Last-Event-ID until a terminal event arrives.
+  async function followEvents(jobId, onEvent) {
+    let lastId = null;
+    for (let attempt = 0; attempt < 50; attempt++) {
+      const extra = lastId ? {"Last-Event-ID": lastId} : {};
+      let response;
+      try {
+        response = await api("/jobs/" + encodeURIComponent(jobId) + "/events", {headers: extra});
+      } catch (e) {
+        await new Promise((r) => setTimeout(r, 1000));
+        continue;
+      }
+      if (response.status === 503) { await new Promise((r) => setTimeout(r, 2000)); continue; }
+      if (!response.ok) throw new Error(await errorText(response));
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const {value, done} = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, {stream: true});
+        let cut;
+        while ((cut = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, cut);
+          buffer = buffer.slice(cut + 2);
+          let name = "message", data = "", id = null;
+          for (const line of block.split("\n")) {
+            if (line.startsWith(":")) continue;  // keep-alive comment
+            const colon = line.indexOf(":");
+            const field = colon < 0 ? line : line.slice(0, colon);
+            const text = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+            if (field === "event") name = text;
+            else if (field === "data") data += (data ? "\n" : "") + text;
+            else if (field === "id") id = text;
+          }
+          if (id) lastId = id;
+          if (!data) continue;
+          onEvent(name, JSON.parse(data), id);
+          if (TERMINAL.has(name)) return name;
+        }
+      }
+    }
+    throw new Error("the event stream kept dropping; reload the page");
+  }
+
+  function fmtSeconds(v) { return v == null ? "–" : Number(v).toFixed(2) + " s"; }
+
+  function card(job) {
+    const div = document.createElement("article");
+    div.className = "clip";
+    div.dataset.jobId = job.id;
+    const video = document.createElement("video");
+    video.controls = true;
+    video.preload = "metadata";
+    video.playsInline = true;
+    div.appendChild(video);
+    const meta = job.metadata || {};
+    const info = document.createElement("div");
+    info.className = "clip-info";
+    const prompt = document.createElement("p");
+    prompt.className = "prompt";
+    prompt.textContent = job.prompt;
+    info.appendChild(prompt);
+    const facts = document.createElement("p");
+    facts.className = "muted";
+    facts.textContent = job.width + "×" + job.height + " · " + job.seconds + " s · seed " + job.seed +
+      " · " + fmtSeconds(job.inference_time_s) + (meta.gpu ? " · " + meta.gpu : "");
+    info.appendChild(facts);
+    div.appendChild(info);
+    blobUrl(job.links.content).then((url) => { video.src = url; })
+      .catch((e) => { facts.textContent += " · video unavailable (" + e.message + ")"; });
+    return div;
+  }
+
+  async function loadGallery() {
+    const gallery = $("gallery");
+    const response = await api("/jobs?status=completed&limit=12");
+    if (!response.ok) { say(await errorText(response), true); return; }
+    const page = await response.json();
+    gallery.replaceChildren(...page.data.map(card));
+    if (!page.data.length) gallery.textContent = "No finished clips yet.";
+  }
+
+  async function submit(event) {
+    event.preventDefault();
+    const [width, height] = $("size").value.split("x").map(Number);
+    const body = {prompt: $("prompt").value, seconds: Number($("seconds").value), width, height};
+    if ($("seed").value !== "") body.seed = Number($("seed").value);
+    $("submit").disabled = true;
+    say("");
+    try {
+      const response = await api("/jobs", {method: "POST", body: JSON.stringify(body),
+                                           headers: {"Content-Type": "application/json"}});
+      if (!response.ok) { say(await errorText(response), true); return; }
+      const job = await response.json();
+      await watch(job);
+    } catch (e) {
+      say(e.message, true);
+    } finally {
+      $("submit").disabled = false;
+    }
+  }
+
+  async function watch(job) {
+    $("current").hidden = false;
+    $("current-id").textContent = job.id;
+    const video = $("current-video");
+    video.hidden = true;
+    const show = (status, stage, progress, step) => {
+      $("current-status").textContent = status;
+      $("current-status").className = "badge " + status;
+      if (progress != null) $("progress").value = Math.round(progress * 100);
+      $("current-stage").textContent = stage ? "stage " + stage + (step ? " · step " + step + "/8" : "") : "";
+    };
+    show(job.status, job.stage, job.progress);
+    let status = job.status;
+    const final = await followEvents(job.id, (name, data) => {
+      if (data.status) status = data.status;
+      show(TERMINAL.has(name) ? name : status, data.stage, data.progress, data.step);
+    });
+    const done = await (await api("/jobs/" + job.id)).json();
+    show(done.status, done.stage, done.progress);
+    if (final === "completed") {
+      video.src = await blobUrl(done.links.content);
+      video.hidden = false;
+      say("Done in " + fmtSeconds(done.inference_time_s) + ".");
+      loadGallery();
+    } else {
+      say("Job " + final + (done.error ? ": " + done.error.message : ""), true);
+    }
+  }
+
+  function initKey() {
+    $("key-form").addEventListener("submit", (e) => {
+      e.preventDefault();
+      localStorage.setItem(KEY, $("api-key").value.trim());
+      $("key-form").hidden = true;
+      $("forget-key").hidden = false;
+      say("Key saved in this browser.");
+      if ($("gallery")) loadGallery();
+      if ($("sweeps")) loadSweeps();
+    });
+    $("forget-key").hidden = !localStorage.getItem(KEY);
+    $("forget-key").addEventListener("click", () => {
+      localStorage.removeItem(KEY);
+      $("forget-key").hidden = true;
+      $("key-form").hidden = false;
+    });
+  }
+
+  function initGenerate() {
+    initKey();
+    $("submit-form").addEventListener("submit", submit);
+    $("refresh").addEventListener("click", loadGallery);
+    loadGallery();
+  }
+
+  async function loadSweeps() {
+    const root = $("sweeps");
+    const response = await api("/sweeps?limit=20");
+    if (!response.ok) { say(await errorText(response), true); return; }
+    const body = await response.json();
+    root.replaceChildren();
+    if (!body.sweeps.length) { root.textContent = "No sweeps yet."; return; }
+    for (const sweep of body.sweeps) {
+      const box = document.createElement("article");
+      box.className = "card sweep";
+      const title = document.createElement("h3");
+      title.textContent = sweep.id + " · " + (sweep.status || "");
+      box.appendChild(title);
+      const plots = (sweep.links && sweep.links.plots) || {};
+      const grid = document.createElement("div");
+      grid.className = "plots";
+      for (const [name, href] of Object.entries(plots)) {
+        const figure = document.createElement("figure");
+        const img = document.createElement("img");
+        img.alt = name;
+        const caption = document.createElement("figcaption");
+        caption.textContent = name;
+        figure.append(img, caption);
+        grid.appendChild(figure);
+        blobUrl(href).then((url) => { img.src = url; }).catch(() => { caption.textContent += " (unavailable)"; });
+      }
+      if (!Object.keys(plots).length) grid.textContent = "No plots yet.";
+      box.appendChild(grid);
+      root.appendChild(box);
+    }
+  }
+
+  function initSweeps() {
+    initKey();
+    $("refresh").addEventListener("click", loadSweeps);
+    loadSweeps();
+  }
+
+  return {initGenerate, initSweeps, followEvents, api};
+})();

@@ -1,0 +1,40 @@
+"""The browser UI: `/` (submit a prompt, live progress from the job's event stream, gallery of finished clips) and
+`/ui/sweeps` (load-runner sweeps and their plots). Server-rendered Jinja templates (api/templates) plus one vanilla
+JavaScript file (api/static/app.js); no build step.
+
+The pages themselves hold no data, so they are served without a key; every data call the script makes goes to the
+JSON API with `Authorization: Bearer <key>` when a key is stored (the page asks for one after a 401 and keeps it in
+localStorage). The event stream is read with `fetch()` streaming rather than `EventSource`, because EventSource
+cannot send headers and a key in the query string would end up in access logs; videos and plots are fetched the
+same way and shown from blob URLs.
+"""
+from __future__ import annotations
+
+from flask import Blueprint, render_template
+
+from worker import defaults
+from worker.h3 import geometry
+
+bp = Blueprint("web", __name__)
+
+OPEN_PATHS = frozenset({"/", "/ui/sweeps"})
+"""Page routes served without a key (static files under /static/ are open too)."""
+OPEN_PREFIXES = ("/static/",)
+
+SIZES = ("256x128", "128x256", "256x256", "512x256", "768x384", "1344x768", "768x1344")
+"""Canvas choices offered by the form (any multiple of 32 with aspect 1:4..4:1 is accepted by the API)."""
+
+
+@bp.get("/")
+def index():
+    """Submit form, live progress and the gallery."""
+    return render_template("index.html", sizes=SIZES, default_size=f"{defaults.DEFAULT_WIDTH}x{defaults.DEFAULT_HEIGHT}",
+                           default_seconds=defaults.DEFAULT_SECONDS,
+                           min_seconds=geometry.MIN_REQUESTED_FRAMES // geometry.FPS,
+                           max_seconds=geometry.MAX_REQUESTED_FRAMES // geometry.FPS)
+
+
+@bp.get("/ui/sweeps")
+def sweeps_page():
+    """Load-runner sweeps with their plots."""
+    return render_template("sweeps.html")
