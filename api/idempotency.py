@@ -21,6 +21,9 @@ from worker import keys
 
 TTL_S = 86_400
 """How long a key remembers its job."""
+IN_FLIGHT_TTL_S = 30
+"""How long a claim without a job blocks retries (409): an API process killed between claiming the key and recording
+its job must not leave the key stuck `in use` for a day. Creating a job takes milliseconds."""
 MAX_KEY_CHARS = 255
 
 
@@ -55,7 +58,7 @@ def claim(r: redis.Redis, owner: str, key: str, body_fingerprint: str) -> Claim:
     """Take the key for this request, or find the job it already made. Raises 409 in use / 422 reused."""
     redis_key = keys.idempotency(owner, hashlib.sha256(key.encode()).hexdigest())
     mine = json.dumps({"fingerprint": body_fingerprint, "job_id": None})
-    if r.set(redis_key, mine, nx=True, ex=TTL_S):
+    if r.set(redis_key, mine, nx=True, ex=IN_FLIGHT_TTL_S):
         return Claim(redis_key, body_fingerprint, None)
     raw = r.get(redis_key)
     if raw is None:  # expired between SET and GET: take it now
@@ -72,7 +75,7 @@ def claim(r: redis.Redis, owner: str, key: str, body_fingerprint: str) -> Claim:
 
 def record_job(r: redis.Redis, held: Claim, job_id: str) -> None:
     """The request that owns the key made `job_id`: later replays return it."""
-    r.set(held.redis_key, json.dumps({"fingerprint": held.fingerprint, "job_id": job_id}), keepttl=True)
+    r.set(held.redis_key, json.dumps({"fingerprint": held.fingerprint, "job_id": job_id}), ex=TTL_S)
 
 
 def release(r: redis.Redis, held: Claim) -> None:

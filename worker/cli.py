@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check-release": ("worker.h3.contract", "validate a release directory against the checkpoint contract"),
     "render": ("worker.render_cli", "render one prompt to an MP4 on this machine"),
     "api": ("api.serve", "run the HTTP API"),
+    "submit": ("api.client_cli", "submit a prompt to a running API, show progress, download the MP4"),
     "worker": ("worker.run_worker", "run a Celery worker (GPU `render` queue by default)"),
     "demo": ("worker.demo", "end-to-end demo: API + worker + one job on the tiny release"),
     "serve": ("worker.serve", "keep API + worker running locally"),

@@ -126,3 +126,24 @@ def test_server_rejects_bad_arguments():
     result = subprocess.run([sys.executable, "-m", "loadrunner.server", "--mode", "nope"], capture_output=True,
                             text=True, timeout=30, cwd=REPO_ROOT)
     assert result.returncode == 2 and "invalid choice: 'nope'" in result.stderr
+
+
+@pytest.mark.parametrize("slots,status", [(2, 0), (3, 1)])
+def test_lifecycle_exit_status(tmp_path, slots, status):
+    """Lifecycle mode exits 0 on a 2-slot server; on a 3-slot server the N+1 probe times out and it exits 1."""
+    import numpy as np
+
+    from conftest import write_wav
+    t = np.arange(5 * 1920) / 24000
+    wav = write_wav(tmp_path / "tone.wav", np.round(0.3 * np.sin(2 * np.pi * 220 * t) * 32767))
+    proc, url = start_server_process(["--port", "0", "--max-sessions", str(slots)], via_h3batch=True)
+    try:
+        result = driver(["--url", url, "--model", "m", "--input-wav", str(wav), "--output-dir",
+                         str(tmp_path / "life"), "--tail-s", "0", "--drain-s", "0.3", "--timeout-s", "2"])
+    finally:
+        stop_process(proc)
+    assert result.returncode == status, result.stderr
+    if status == 0:
+        assert json.loads(result.stdout)["ok"] is True and (tmp_path / "life" / "result.json").exists()
+    else:
+        assert result.stderr.strip() == "h3batch duplex: TimeoutError: Timed out waiting for error"

@@ -55,6 +55,8 @@ def test_vector_6b_first_frame_stall():
     for prev, cur in zip(sends, sends[1:]):
         assert cur.started >= prev.completed + 0.08 - 1e-9
     assert sends[1].started - sends[1].planned == pytest.approx(0.25)
+    from loadrunner.metrics import session_metrics
+    assert session_metrics([], [], sends)["client_pacing_warning"] is True
 
 
 def test_vector_6a_metrics():

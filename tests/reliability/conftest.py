@@ -6,6 +6,7 @@ project); Redis is started here because these tests choose its persistence and k
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -24,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.service.conftest import H3BATCH, ApiProcess, WorkerProcess, service_env, start_worker  # noqa: E402
+from tests.service.conftest import H3BATCH, ApiProcess, WorkerProcess, service_env  # noqa: E402
 
 FAST_RECOVERY = {"H3BATCH_LEASE_TTL_S": "1.5", "H3BATCH_RECONCILE_INTERVAL_S": "0.5"}
 """Worker env: a lease lapses 1.5 s after its worker's death and the reaper looks every 0.5 s (defaults 30 s, 10 s)."""
@@ -111,10 +112,23 @@ class Stack:
         self.api.start()
         return self.api
 
-    def start_worker(self, name: str, **env: str) -> WorkerProcess:
-        worker = start_worker(self.redis.url, self.artifacts, self.release, name, self.root / f"{name}.log",
-                              **{**FAST_RECOVERY, **self.worker_env, **env})
+    def spawn_worker(self, name: str, **env: str) -> WorkerProcess:
+        """Start `h3batch worker` (fast recovery settings) without waiting for it."""
+        env = service_env(self.redis.url, self.artifacts, H3BATCH_RELEASE=str(self.release), H3BATCH_WORKER_NAME=name,
+                          H3BATCH_HF_CACHE=str(self.release.parent / "hf-cache"), H3BATCH_DEVICE="cpu",
+                          **{**FAST_RECOVERY, **self.worker_env, **env})
+        log_path = self.root / f"{name}.log"
+        with log_path.open("ab") as log:
+            proc = subprocess.Popen(H3BATCH + ["worker"], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        worker = WorkerProcess(proc, name, log_path)
         self.workers.append(worker)
+        return worker
+
+    def start_worker(self, name: str, **env: str) -> WorkerProcess:
+        """Start a worker and return once it consumes (heartbeat READY or already BUSY with a job)."""
+        worker = self.spawn_worker(name, **env)
+        wait_consuming(self.redis.client(), worker)
         return worker
 
     def logs(self) -> str:
@@ -157,6 +171,23 @@ def stack_factory(tmp_path, tiny_release):
     yield make
     for stack in made:
         stack.close()
+
+
+def wait_consuming(r: redis.Redis, worker: WorkerProcess, timeout_s: float = 300.0) -> None:
+    """Block until the worker's heartbeat says READY or BUSY (its consumer is up); fail if it exits first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if worker.proc.poll() is not None:
+            pytest.fail(f"worker {worker.name} exited with {worker.proc.returncode}: {worker.log_text()[-3000:]}")
+        try:
+            beat = r.get(f"h3b:worker:{worker.name}")
+        except redis.exceptions.RedisError:
+            beat = None
+        if beat and json.loads(beat).get("state") in ("READY", "BUSY"):
+            return
+        time.sleep(0.05)
+    worker.kill()
+    pytest.fail(f"worker {worker.name} not consuming within {timeout_s} s: {worker.log_text()[-3000:]}")
 
 
 def post_job(base: str, headers: dict[str, str] | None = None, **body) -> dict:
