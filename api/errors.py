@@ -74,6 +74,12 @@ def register_error_handlers(app: Flask) -> None:
         return error_response(503, "storage_unavailable", "the job store (Redis) is unavailable; retry later", True,
                               {"Retry-After": "5"})
 
+    @app.errorhandler(RecursionError)
+    def _too_deep(exc: RecursionError):
+        # Only a JSON body nested thousands deep (it still fits MAX_CONTENT_LENGTH) recurses this far: the parser
+        # gives up, and the client hears that its body is not acceptable JSON rather than a 500.
+        return error_response(400, "invalid_json", "the JSON body is nested too deeply", False)
+
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):
         # Log the traceback server-side with the request id; the client gets a bare code.

@@ -18,10 +18,12 @@ import logging
 from pathlib import Path
 from typing import Any, Mapping
 
-from flask import Blueprint, current_app, g, jsonify, request, send_file
-from pydantic import ValidationError
+from typing import Literal
 
-from api import idempotency
+from flask import Blueprint, current_app, g, jsonify, request, send_file
+from pydantic import BaseModel, Field, ValidationError
+
+from api import idempotency, media
 from api.errors import ApiError
 from api.redis_client import get_redis
 from api.schemas import CreateJob
@@ -226,6 +228,40 @@ def _validated(fields: dict[str, Any]) -> CreateJob:
 
 # --- the video object ---
 
+class VideoObject(BaseModel):
+    """OpenAI's `video` object plus h3batch's fields (the response model; /openapi.json shows its schema)."""
+
+    id: str
+    object: Literal["video"] = "video"
+    model: str
+    status: Literal["queued", "in_progress", "completed", "failed"]
+    progress: int = Field(ge=0, le=100, description="0..100; 100 only when completed.")
+    created_at: int
+    completed_at: int | None = None
+    expires_at: int | None = None
+    prompt: str | None = None
+    seconds: str = Field(description="Clip length as a decimal string, e.g. \"4\".")
+    size: str = Field(description="\"<width>x<height>\".")
+    remixed_from_video_id: None = None
+    error: dict[str, Any] | None = Field(None, description="{code, message}; code `cancelled` for a cancelled job.")
+    stage: str | None = None
+    queue_position: int | None = None
+    attempt: int = 0
+    started_at: float | None = None
+    seed: int | None = None
+    num_frames: int | None = None
+    fps: int = FPS
+    inference_time_s: float | None = None
+    stage_durations: dict[str, float] | None = None
+    worker: str | None = None
+    cancel_reason: str | None = None
+    release_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    webhook_url: str | None = None
+    webhook_deliveries: list[dict[str, Any]] | None = None
+    h3batch_status: str = Field(description="The native status (adds cancelled, expired).")
+
+
 def _int_time(value: float | None) -> int | None:
     return None if value is None else int(value)
 
@@ -249,7 +285,7 @@ def video_object(record: dict[str, Any], position: int | None = None) -> dict[st
         num_frames = RequestGeometry(record["width"], record["height"], record["seconds"]).num_frames
     except GeometryError:
         num_frames = record.get("frames")
-    return {
+    return VideoObject(**{
         "id": record["id"], "object": "video", "model": model_id(), "status": openai_status, "progress": progress,
         "created_at": _int_time(record["created_at"]),
         "completed_at": _int_time(record.get("finished_at")) if finished else None,
@@ -265,7 +301,7 @@ def video_object(record: dict[str, Any], position: int | None = None) -> dict[st
         "release_id": record.get("release_id") or meta.get("release_id"), "metadata": record.get("metadata"),
         "webhook_url": record.get("webhook_url"), "webhook_deliveries": record.get("webhook_deliveries"),
         "h3batch_status": status,
-    }
+    }).model_dump(mode="json")
 
 
 def _respond(record: dict[str, Any], status: int = 200):
@@ -370,8 +406,6 @@ def delete_video(video_id: str):
 def video_content(video_id: str):
     """`variant` video (MP4, default) | thumbnail (PNG, middle frame) | audio (AAC in .m4a). Range/ETag on all.
     400 unsupported_variant; 404; 409 video_not_completed; 410 artifact_expired."""
-    from api import media  # noqa: PLC0415  (PyAV only when a variant is asked for)
-
     variant = request.args.get("variant", "video")
     if variant not in media.VARIANTS:
         raise ApiError(400, "unsupported_variant", f"variant: expected one of {', '.join(media.VARIANTS)}, found "
@@ -408,3 +442,66 @@ def not_offered(video_id: str | None = None):
     raise ApiError(404, "not_offered", f"{request.path}: h3batch offers text-to-video+audio only (no remix, edit, "
                                        f"extension or characters)")
 
+
+
+# --- OpenAPI (merged into /openapi.json by api/openapi.py) ---
+
+def _openapi_paths() -> dict[str, Any]:
+    def error(description: str) -> dict[str, Any]:
+        return {"description": description,
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+
+    video = {"description": "A video object", "content": {"application/json": {"schema":
+                                                                               VideoObject.model_json_schema()}}}
+    video_id = {"name": "video_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    create_fields = {"type": "object", "required": ["prompt"], "properties": {
+        "prompt": {"type": "string"}, "model": {"type": "string", "enum": [DEFAULT_MODEL_ID]},
+        "seconds": {"type": "string", "description": "4..15, decimal string"},
+        "size": {"type": "string", "pattern": "^[0-9]+x[0-9]+$"}, "seed": {"type": "integer", "minimum": 0},
+        "num_inference_steps": {"type": "integer", "enum": [8]}, "guidance_scale": {"type": "number"},
+        "flow_shift": {"type": "number"}, "width": {"type": "integer"}, "height": {"type": "integer"},
+        "num_frames": {"type": "integer"}, "fps": {"type": "integer", "enum": [FPS]}, "user": {"type": "string"},
+        "webhook_url": {"type": "string", "format": "uri"}, "release": {"type": "string"}}}
+    common = {"401": error("Missing or bad API key"), "429": error("Over the key's rate limit"),
+              "503": error("Redis or queue full")}
+    return {
+        "/v1/videos": {
+            "post": {"operationId": "createVideo", "summary": "OpenAI-compatible create (JSON or multipart)",
+                     "requestBody": {"required": True, "content": {"application/json": {"schema": create_fields},
+                                                                   "multipart/form-data": {"schema": create_fields}}},
+                     "responses": {"202": video, "400": error("Unsupported field, model, size or duration"),
+                                   "409": error("Idempotency-Key in use"),
+                                   "422": error("webhook_url refused or Idempotency-Key reused"), **common}},
+            "get": {"operationId": "listVideos", "summary": "OpenAI-compatible list",
+                    "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,
+                                                                               "maximum": defaults.LIST_MAX_LIMIT}},
+                                   {"name": "after", "in": "query", "schema": {"type": "string"}},
+                                   {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"]}}],
+                    "responses": {"200": {"description": "{object: list, data, first_id, last_id, has_more}",
+                                          "content": {"application/json": {"schema": {"type": "object"}}}},
+                                  "400": error("Bad limit, order or cursor"), **common}},
+        },
+        "/v1/videos/{video_id}": {
+            "get": {"operationId": "retrieveVideo", "parameters": [video_id],
+                    "responses": {"200": video, "404": error("No such video"), **common}},
+            "delete": {"operationId": "deleteVideo", "parameters": [video_id],
+                       "responses": {"200": {"description": "{id, object: video.deleted, deleted: true}",
+                                             "content": {"application/json": {"schema": {"type": "object"}}}},
+                                     "404": error("No such video"), **common}},
+        },
+        "/v1/videos/{video_id}/content": {
+            "get": {"operationId": "downloadVideoContent", "parameters": [
+                        video_id, {"name": "variant", "in": "query", "schema": {"enum": list(media.VARIANTS)}}],
+                    "responses": {"200": {"description": "MP4, PNG thumbnail or AAC .m4a", "content": {
+                                      "video/mp4": {"schema": {"type": "string", "format": "binary"}},
+                                      "image/png": {"schema": {"type": "string", "format": "binary"}},
+                                      "audio/mp4": {"schema": {"type": "string", "format": "binary"}}}},
+                                  "206": {"description": "Byte range"}, "304": {"description": "Not modified"},
+                                  "400": error("Unknown variant"), "404": error("No such video"),
+                                  "409": error("Not completed"), "410": error("Expired"),
+                                  "416": error("Range not satisfiable"), **common}},
+        },
+    }
+
+
+OPENAPI_PATHS = _openapi_paths()

@@ -29,8 +29,10 @@ def _errors(*statuses: int) -> dict[str, Any]:
     text = {400: "Invalid request", 401: "Missing or bad API key", 404: "No such job (for POST: the job an "
             "Idempotency-Key made is gone)", 409: "Wrong job state or Idempotency-Key in use",
             410: "Video expired", 413: "Body over 64 KiB", 416: "Range not satisfiable",
-            422: "Idempotency-Key reused with another body", 503: "Redis or queue full"}
-    return {str(s): _json("ErrorBody", text[s]) for s in statuses}
+            422: "Idempotency-Key reused with another body", 503: "Redis or queue full",
+            429: "Over the API key's rate limit (Retry-After, RateLimit headers; api/ratelimit.py)"}
+    # 429 may answer any authenticated route: the per-key rate limit runs before every view.
+    return {str(s): _json("ErrorBody", text[s]) for s in (*statuses, 429)}
 
 
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -119,6 +121,9 @@ def build_document() -> dict[str, Any]:
 
     paths = _paths()
     paths.update(getattr(sweeps, "OPENAPI_PATHS", {}))  # optional: the sweeps room documents its own routes
+    from api import openai_videos  # noqa: PLC0415
+
+    paths.update(openai_videos.OPENAPI_PATHS)  # /v1/videos (OpenAI-compatible view)
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "h3batch job API", "version": "0.1.0",

@@ -16,6 +16,10 @@ StatusName = Literal["queued", "in_progress", "completed", "failed", "cancelled"
 StageName = Literal["queued", "text_encode", "denoise", "decode", "mux", "finalize"]
 
 
+MAX_CANVAS_PIXELS = 1344 * 768
+"""Largest canvas area accepted: the model's bucket area (spec h3-model.md: larger requests are scaled down to it)."""
+
+
 class CreateJob(BaseModel):
     """POST /jobs body. Unknown fields are refused (400 unsupported_parameter)."""
 
@@ -60,6 +64,12 @@ class CreateJob(BaseModel):
         if not value.strip():
             raise PydanticCustomError("empty_prompt", "prompt: expected a non-empty text, found {found}",
                                       {"found": repr(value)})
+        # NUL and the other C0 controls (tab, newline, CR aside) mean nothing in a prompt and truncate C strings.
+        control = next((c for c in value if ord(c) < 32 and c not in "\t\n\r"), None)
+        if control is not None:
+            raise PydanticCustomError("invalid_text", "prompt: expected text without control characters, found "
+                                      "U+{code} at character {at}",
+                                      {"code": f"{ord(control):04X}", "at": value.index(control)})
         limit = (info.context or {}).get("max_prompt_chars", defaults.MAX_PROMPT_CHARS)
         if len(value) > limit:
             raise PydanticCustomError("prompt_too_long", "prompt: expected at most {limit} characters, found {n}",
@@ -73,6 +83,11 @@ class CreateJob(BaseModel):
         except GeometryError as exc:
             kind = "unsupported_duration" if exc.field == "seconds" else "unsupported_size"
             raise PydanticCustomError(kind, "{detail}", {"detail": str(exc)}) from None
+        if self.width * self.height > MAX_CANVAS_PIXELS:  # a giant canvas would only OOM-kill worker after worker
+            raise PydanticCustomError("unsupported_size", "width x height: expected at most {limit} pixels (the "
+                                      "model's 1344x768 area), found {w}x{h} = {n}",
+                                      {"limit": MAX_CANVAS_PIXELS, "w": self.width, "h": self.height,
+                                       "n": self.width * self.height})
         return self
 
 

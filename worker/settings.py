@@ -28,6 +28,8 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "H3BATCH_API_KEYS": ("(unset: open API)", "comma-separated Bearer keys accepted by the API"),
     "H3BATCH_HF_CACHE": ("<release>/../hf-cache", "Hugging Face cache holding the base VAE"),
     "H3BATCH_DEVICE": ("(auto: cuda if present, else cpu)", "torch device for the pipeline"),
+    "H3BATCH_RANKS": ("1", "sequence-parallel ranks per worker: N resident processes, one GPU each (`auto`: every "
+                      "visible GPU); see docs/parallelism.md"),
     "H3BATCH_WORKER_NAME": ("<hostname>-<pid>", "worker name in heartbeats and job records"),
     "H3BATCH_MAX_RUN_S": (str(defaults.MAX_RUN_S), "longest render; visibility timeout is twice this"),
     "H3BATCH_RESULT_TTL_S": (str(defaults.RESULT_TTL_S), "seconds a finished MP4 stays downloadable"),
@@ -86,6 +88,7 @@ class Settings:
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # secrets: never in repr or logs
     hf_cache: Path | None = None
     device: str | None = None
+    ranks: str = "1"  # parsed by worker.rank_group.ranks_from_env when the pipeline loads ("auto" needs torch)
     worker_name: str = ""
     max_run_s: int = defaults.MAX_RUN_S
     result_ttl_s: int = defaults.RESULT_TTL_S
@@ -120,6 +123,9 @@ class Settings:
             raise ConfigError(f"H3BATCH_LOG_FORMAT: expected 'kv' or 'json', found {log_format!r}")
         keys = tuple(k.strip() for k in env.get("H3BATCH_API_KEYS", "").split(",") if k.strip())
         hf_cache = env.get("H3BATCH_HF_CACHE", "").strip()
+        ranks = env.get("H3BATCH_RANKS", "").strip() or "1"
+        if ranks != "auto" and not (ranks.isdigit() and int(ranks) >= 1):
+            raise ConfigError(f"H3BATCH_RANKS: expected a positive integer or 'auto', found {ranks!r}")
         return cls(
             redis_url=env.get("H3BATCH_REDIS_URL", "").strip() or defaults.REDIS_URL,
             artifacts_dir=Path(env.get("H3BATCH_ARTIFACTS_DIR", "").strip() or defaults.ARTIFACTS_DIR),
@@ -127,6 +133,7 @@ class Settings:
             api_keys=keys,
             hf_cache=Path(hf_cache) if hf_cache else None,
             device=env.get("H3BATCH_DEVICE", "").strip() or None,
+            ranks=ranks,
             worker_name=env.get("H3BATCH_WORKER_NAME", "").strip() or f"{socket.gethostname()}-{os.getpid()}",
             max_run_s=_int(env, "H3BATCH_MAX_RUN_S", defaults.MAX_RUN_S),
             result_ttl_s=_int(env, "H3BATCH_RESULT_TTL_S", defaults.RESULT_TTL_S),

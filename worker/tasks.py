@@ -132,11 +132,14 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
     with _resident_lock:
         if _resident is not None:
             return _resident
-        from worker.pipeline import Pipeline  # noqa: PLC0415  (torch: only in worker processes)
+        from worker.rank_group import RANKS_ENV, load_pipeline, ranks_from_env  # noqa: PLC0415  (torch)
 
         r = redis.Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=30)
         started = time.perf_counter()
-        pipeline = Pipeline.load(settings.release_dir, device=settings.device, hf_cache=settings.hf_cache_dir)
+        ranks = ranks_from_env({RANKS_ENV: settings.ranks})  # ValueError names H3BATCH_RANKS
+        # ranks = 1: the plain in-process Pipeline; more: a resident rank group (spawned, one GPU each).
+        pipeline = load_pipeline(settings.release_dir, ranks=ranks, device=settings.device,
+                                 hf_cache=settings.hf_cache_dir)
         load_s = time.perf_counter() - started
         loads = int(r.hincrby(keys.STATS, "model_loads", 1))
         sender = make_celery(settings.redis_url, max_run_s=settings.max_run_s)
@@ -145,7 +148,7 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
             sender.send_task(defaults.RENDER_TASK, args=[job_id], queue=defaults.RENDER_QUEUE)
 
         heartbeat = Heartbeat(r, settings.worker_name, {"release_id": pipeline.release_id,
-                                                        "contract_hash": pipeline.contract_hash,
+                                                        "contract_hash": pipeline.contract_hash, "ranks": ranks,
                                                         "model_loads": 1, "load_s": round(load_s, 3)}, resend,
                               settings)
         heartbeat.state = "READY" if ready else "STARTING"
@@ -164,9 +167,10 @@ def mark_ready() -> None:
 
 
 def shutdown_resident() -> None:
-    """Stop the heartbeat (its key is deleted so /readyz stops counting this worker at once)."""
+    """Stop the heartbeat (its key is deleted so /readyz stops counting this worker at once) and the rank group."""
     if _resident is not None:
         _resident.heartbeat.stop()
+        _resident.pipeline.close()  # stops rank processes; a no-op for the in-process pipeline
 
 
 @shared_task(name=defaults.RENDER_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -200,6 +204,7 @@ def _sha256(path: Path) -> str:
 def run_job(res: Resident, job_id: str) -> None:
     """Claim, render, record. Every outcome ends in one `transition`; a lost race leaves no files behind."""
     from worker.pipeline import RenderCancelled, RenderRequest  # noqa: PLC0415
+    from worker.rank_group import RankGroupError  # noqa: PLC0415
 
     settings, r, pipeline = res.settings, res.r, res.pipeline
     extra = {"job_id": job_id}
@@ -287,6 +292,13 @@ def run_job(res: Resident, job_id: str) -> None:
         finish(JobStatus.FAILED, {"error": {"code": exc.code, "message": exc.message, "retryable": exc.retryable,
                                             "stage": state["stage"]}})
         log.info("render refused code=%s message=%s", exc.code, exc.message, extra=extra)
+    except RankGroupError as exc:
+        # A rank died or failed: the group refuses further work, so this worker must go. Leave the job in_progress;
+        # its lease lapses and a healthy worker re-runs it (attempt + 1). The supervisor restarts this worker.
+        log.error("rank group failed error=%s; exiting so the supervisor restarts the worker", exc, extra=extra)
+        lease.attempt_path(job_dir, attempt).unlink(missing_ok=True)
+        res.heartbeat.stop()
+        os._exit(3)
     except redis.exceptions.ConnectionError as exc:
         # Redis went away mid-render (restart, failover): an infrastructure fault, not the job's. Leave the record
         # in_progress; once the lease lapses the reaper requeues it (attempt + 1).

@@ -102,7 +102,7 @@ const H3 = (() => {
     div.dataset.jobId = job.id;
     const video = document.createElement("video");
     video.controls = true;
-    video.preload = "metadata";
+    video.preload = "auto";
     video.playsInline = true;
     div.appendChild(video);
     const meta = job.metadata || {};
@@ -118,6 +118,8 @@ const H3 = (() => {
       " · " + fmtSeconds(job.inference_time_s) + (meta.gpu ? " · " + meta.gpu : "");
     info.appendChild(facts);
     div.appendChild(info);
+    blobUrl("/v1/videos/" + encodeURIComponent(job.id) + "/content?variant=thumbnail")
+      .then((url) => { video.poster = url; }).catch(() => { /* the video itself still loads */ });
     blobUrl(job.links.content).then((url) => { video.src = url; })
       .catch((e) => { facts.textContent += " · video unavailable (" + e.message + ")"; });
     return div;
@@ -126,6 +128,7 @@ const H3 = (() => {
   async function loadGallery() {
     const gallery = $("gallery");
     const response = await api("/jobs?status=completed&limit=12");
+    if (response.status === 401) return;  // api() already asked for a key
     if (!response.ok) { say(await errorText(response), true); return; }
     const page = await response.json();
     gallery.replaceChildren(...page.data.map(card));
@@ -170,7 +173,8 @@ const H3 = (() => {
       show(TERMINAL.has(name) ? name : status, data.stage, data.progress, data.step);
     });
     const done = await (await api("/jobs/" + job.id)).json();
-    show(done.status, done.stage, done.progress);
+    show(done.status, null, done.progress);
+    $("current-stage").textContent = done.width + "×" + done.height + " · " + done.seconds + " s · seed " + done.seed;
     if (final === "completed") {
       video.src = await blobUrl(done.links.content);
       video.hidden = false;
@@ -209,6 +213,7 @@ const H3 = (() => {
   async function loadSweeps() {
     const root = $("sweeps");
     const response = await api("/sweeps?limit=20");
+    if (response.status === 401) return;
     if (!response.ok) { say(await errorText(response), true); return; }
     const body = await response.json();
     root.replaceChildren();

@@ -217,3 +217,26 @@ def wait_all_finished(r: redis.Redis, job_ids: list[str], timeout_s: float, on_t
 def completed_events(r: redis.Redis, job_id: str) -> int:
     """How many `completed` transitions the job's event stream recorded."""
     return sum(1 for _, fields in r.xrange(f"h3b:events:{job_id}") if fields.get("event") == "completed")
+
+
+KEY_A = "h3b-canary-key-alpha-7c1f0e9a2b"
+KEY_B = "h3b-canary-key-beta-51d3aa60e4"
+"""Bearer keys of the keyed stack; the secret-leak test greps every log for them and their SHA-256 digests."""
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(scope="session")
+def keyed_stack(tmp_path_factory, tiny_release):
+    """One Redis + API with two API keys and generous rate limits, no worker (jobs stay queued): the HTTP-only
+    tests (bad input, idempotency, security, fuzzing) share it."""
+    root = tmp_path_factory.mktemp("keyed")
+    server = RedisServer(root / "redis")
+    server.start()
+    stack = Stack(root=root, release=tiny_release, redis=server)
+    stack.start_api(H3BATCH_API_KEYS=f"{KEY_A},{KEY_B}", H3BATCH_RATE_CREATES_PER_MIN="100000",
+                    H3BATCH_RATE_READS_PER_MIN="100000", H3BATCH_LOG_LEVEL="DEBUG")
+    yield stack
+    stack.close()

@@ -79,6 +79,8 @@ def test_gpu_worker_is_pinned_to_four_gpus_with_volumes(compose):
     devices = worker["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and devices[0]["device_ids"] == ["0", "1", "2", "3"]
     assert worker["environment"]["NVIDIA_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert worker["environment"]["H3BATCH_RANKS"] == "4"  # one sequence-parallel rank per pinned GPU
+    assert worker["shm_size"] and worker["ulimits"]["memlock"] == -1  # NCCL needs shared memory and pinned pages
     mounts = {v.split(":")[1] for v in worker["volumes"]}
     assert {"/models", "/artifacts"} <= mounts
     assert worker["stop_grace_period"] == "90s"

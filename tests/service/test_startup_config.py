@@ -57,6 +57,12 @@ def test_bad_number_in_env_exits_2(redis_url, tmp_path):
     assert_one_line_exit_2(run_cli(["api"], env), "H3BATCH_MAX_RUN_S", "expected an integer", "ten minutes")
 
 
+def test_bad_rank_count_exits_2(redis_url, tmp_path):
+    """A worker asked for 0 sequence-parallel ranks stops with one line naming H3BATCH_RANKS."""
+    env = service_env(redis_url, tmp_path / "art", H3BATCH_RANKS="0")
+    assert_one_line_exit_2(run_cli(["worker"], env), "H3BATCH_RANKS", "positive integer")
+
+
 def test_bad_port_argument_exits_2(redis_url, tmp_path):
     """An unparsable --port is one line, exit 2 (not argparse's two-line usage dump)."""
     env = service_env(redis_url, tmp_path / "art")
