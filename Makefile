@@ -30,3 +30,9 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache out build *.egg-info
+
+# Fault injection at full size (docs/reliability.md): 20 worker kills over 20 jobs, Redis restarts with 50 queued
+# jobs (clean, kill -9 with fsync always and everysec). About 10 min on 2 CPU cores; `make test` runs the small cases.
+.PHONY: test-chaos
+test-chaos: setup
+	H3BATCH_CHAOS=1 $(PY) -m pytest -q -s -m chaos tests/reliability

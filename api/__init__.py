@@ -36,13 +36,14 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         app.config.update(config)
     app.json.sort_keys = False  # type: ignore[attr-defined]  # keep fields in model order
 
-    from api import auth, errors, health, jobs, openapi, ratelimit, sweeps  # noqa: PLC0415
+    from api import auth, errors, health, jobs, openapi, ratelimit, request_guard, sweeps  # noqa: PLC0415
     from api import events, openai_videos, web  # noqa: PLC0415
 
     app.before_request(_start_request)
     errors.register_error_handlers(app)
     auth.init_auth(app)
     ratelimit.init_rate_limit(app)  # after auth: limits are per API key
+    request_guard.init_request_guard(app)
     events.init_events(app)  # after auth: only an authenticated event stream takes a stream slot
     app.after_request(_finish_request)
     app.register_blueprint(health.bp)

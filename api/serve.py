@@ -34,6 +34,9 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         settings = Settings.from_env()
+        from api.ratelimit import RateLimits  # noqa: PLC0415
+
+        RateLimits.from_env()  # H3BATCH_RATE_*: a bad value is one line here, not a crash in every gunicorn worker
         check_redis(settings.redis_url)
         check_artifacts_dir(settings.artifacts_dir)
     except ConfigError as exc:
@@ -52,6 +55,8 @@ def main(argv: list[str]) -> int:
                 "--worker-class", "gthread", "--workers", str(args.workers), "--threads", str(args.threads),
                 # Long-poll waits (?wait=N, at most 60 s) must not trip the worker timeout.
                 "--timeout", "90", "--graceful-timeout", "10", "--keep-alive", "5",
+                # gunicorn's largest request line (default 4094): longer URLs get the app's JSON errors up to 8 KiB.
+                "--limit-request-line", "8190",
                 "--log-level", "warning", "api.wsgi:app"]
     os.execv(sys.executable, gunicorn)
     return 0  # not reached

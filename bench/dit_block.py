@@ -9,14 +9,18 @@ Parts (each guarded, so one failure does not lose the others; results go to OUT/
   attention  (d) dense SDPA vs our VSA (worker/h3/vsa_cuda.py) at sparsity 0.8: kernel-option sweep, stage breakdown,
              a real-size correctness check of two heads against an fp32 masked reference.
   block      (a) diffusers MiniMaxH3TransformerBlock eager dense, (b) native DiTBlock dense, (c) native DiTBlock with
-             VSA 0.8 and the kernels/ modulation ops; peak memory; torch.profiler top kernels of (c); estimates of
-             8 steps × 50 blocks per GPU count.
+             VSA 0.8 and all kernels/ ops (modulation, fused QK-norm + RoPE, fused SwiGLU); (c0) the same with QK-norm,
+             RoPE and SwiGLU forced back to eager torch (the block (c) of the first runs); peak memory;
+             torch.profiler top kernels of (c) and (c0); estimates of 8 steps × 50 blocks per GPU count.
+  glue       the fused QK-norm + RoPE and SwiGLU ops alone at S rows vs their eager torch paths: ms, GB/s, and the
+             fraction of output elements that differ from eager CUDA torch.
 
-Usage (on the GPU machine): python bench/dit_block.py --out $OUT [--parts peak,attention,block] [--sweep]
+Usage (on the GPU machine): python bench/dit_block.py --out $OUT [--parts peak,attention,block,glue] [--sweep]
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -299,6 +303,57 @@ def _profile_top(fn, path: Path, top: int = 15) -> list[dict]:
     return rows, gemm_us / 1e3, total / 1e3
 
 
+def _with_eager_glue(native, fn):
+    """fn() with worker.h3.model's fused QK-norm + RoPE and SwiGLU ops forced onto their eager torch paths."""
+    fused_ops = native.qk_norm_rope, native.swiglu
+    native.qk_norm_rope = functools.partial(fused_ops[0], backend="torch")
+    native.swiglu = functools.partial(fused_ops[1], backend="torch")
+    try:
+        return fn()
+    finally:
+        native.qk_norm_rope, native.swiglu = fused_ops
+
+
+def part_glue(res: dict, rows: int, dump) -> None:
+    """Fused QK-norm + RoPE and SwiGLU alone at the block's shapes vs eager torch: time, bandwidth, mismatches."""
+    from kernels import qk_norm_rope, swiglu
+    from worker.h3.config import H3Config
+
+    cfg = H3Config()
+    heads, hd, width, ffn = cfg.num_attention_heads, cfg.attention_head_dim, cfg.rotary_dim, cfg.ffn_hidden_size
+    glue = res.setdefault("glue", {})
+    g = torch.Generator(device="cuda").manual_seed(0)
+    qkv = torch.randn(1, rows, 3 * heads * hd, device="cuda", generator=g).mul_(2).to(torch.bfloat16)
+    weights = [(1 + 0.2 * torch.randn(hd, device="cuda", generator=g)).to(torch.bfloat16) for _ in range(2)]
+    angles = torch.rand(rows, width // 2, device="cuda", generator=g) * 100
+    angles = torch.cat((angles, angles), -1)
+    rope = (angles.cos(), angles.sin())
+    eps = cfg.qk_norm_eps
+    qk_bytes = rows * 2 * heads * hd * 2 * 2  # read q and k, write q and k (bf16)
+    for backend in ("torch", "triton"):
+        ms = time_ms(lambda: qk_norm_rope(qkv, hd, *weights, eps, rope, backend=backend), reps=20, warmup=3)
+        glue[f"qk_norm_rope_{backend}_ms"] = ms
+        glue[f"qk_norm_rope_{backend}_GBps"] = qk_bytes / ms / 1e6
+    fused = qk_norm_rope(qkv, hd, *weights, eps, rope, backend="triton")
+    eager = qk_norm_rope(qkv, hd, *weights, eps, rope, backend="torch")
+    glue["qk_norm_rope_differing_fraction"] = [(a != b).float().mean().item() for a, b in zip(fused, eager)]
+    glue["qk_norm_rope_max_abs"] = max((a.float() - b.float()).abs().max().item() for a, b in zip(fused, eager))
+    del qkv, fused, eager
+    dump()
+
+    fc1_out = torch.randn(1, rows, 2 * ffn, device="cuda", generator=g).mul_(3).to(torch.bfloat16)
+    sw_bytes = rows * 3 * ffn * 2  # read gate and up, write the product (bf16)
+    for backend in ("torch", "triton"):
+        ms = time_ms(lambda: swiglu(fc1_out, backend=backend), reps=20, warmup=3)
+        glue[f"swiglu_{backend}_ms"] = ms
+        glue[f"swiglu_{backend}_GBps"] = sw_bytes / ms / 1e6
+    fused, eager = swiglu(fc1_out, backend="triton"), swiglu(fc1_out, backend="torch")
+    glue["swiglu_differing_fraction"] = (fused != eager).float().mean().item()
+    glue["swiglu_max_abs"] = (fused.float() - eager.float()).abs().max().item()
+    print("glue", glue, flush=True)
+    dump()
+
+
 def part_block(res: dict, layout, plan, out_dir: Path, dump) -> None:
     """(a) diffusers eager dense, (b) native dense, (c) native VSA 0.8 + kernels/ modulation; memory; profile."""
     from worker.h3 import model as native
@@ -395,16 +450,26 @@ def part_block(res: dict, layout, plan, out_dir: Path, dump) -> None:
             top_b, gemm_b, total_b = _profile_top(lambda: nblock(x, temb, adaln_rows, rope), out_dir / "profile_b.txt")
             blk["b_profile_top"] = top_b
             blk["b_profile_gemm_ms"] = gemm_b
-        # What-if (not our block as shipped): RoPE's eager cat/mul/neg chain fused by torch.compile, to size the gain
-        # a fused QK-norm + RoPE kernel in worker/h3/model.py would bring.
-        original_rope = native.apply_rope
-        native.apply_rope = torch.compile(original_rope, dynamic=False)
-        try:
-            with torch.no_grad():
-                record("e_native_vsa_compiled_rope", lambda: nblock(x, temb, adaln_rows, rope, plan),
-                       lin_gated + att_sparse)
-        finally:
-            native.apply_rope = original_rope
+
+        # (c0): block (c) of the earlier runs, i.e. QK-norm, RoPE and SwiGLU back on eager torch (modulation stays
+        # Triton). The model imports the two ops by name, so the bench swaps those names for the run.
+        def run_c0():
+            return _with_eager_glue(native, lambda: nblock(x, temb, adaln_rows, rope, plan))
+
+        with torch.no_grad():
+            record("c0_native_vsa_eager_glue", run_c0, lin_gated + att_sparse)
+            top_c0, _, total_c0 = _profile_top(run_c0, out_dir / "profile_c0.txt")
+            blk["c0_profile_top"] = top_c0
+            blk["c0_profile_total_kernel_ms"] = total_c0
+            dump()
+        with torch.no_grad():  # how far the fused ops move the block's output (bf16 noise expected, not exact)
+            eager_out = run_c0()
+            fused_out = nblock(x, temb, adaln_rows, rope, plan)
+            diff = (fused_out.float() - eager_out.float()).abs()
+            blk["c_vs_c0_max_abs"], blk["c_vs_c0_mean_abs"] = diff.max().item(), diff.mean().item()
+            blk["c_vs_c0_differing_fraction"] = (fused_out != eager_out).float().mean().item()
+            del fused_out, eager_out, diff
+        blk["c_speedup_vs_c0"] = blk["c0_native_vsa_eager_glue"]["ms"] / blk["c_native_vsa"]["ms"]
     finally:
         vsa_module.vsa_attention = original
 
@@ -432,7 +497,7 @@ def print_table(res: dict) -> None:
         res.get("matmul_8192_TFLOPs", float("nan")), res.get("gemms_TFLOPs", float("nan")),
         100 * res.get("gemms_fraction_of_peak", float("nan"))))
     print("%-28s %10s %10s %10s %12s" % ("case", "ms", "TFLOP/s", "first s", "peak GiB"))
-    for name in ("a_diffusers_dense", "b_native_dense", "c_native_vsa", "e_native_vsa_compiled_rope"):
+    for name in ("a_diffusers_dense", "b_native_dense", "c0_native_vsa_eager_glue", "c_native_vsa"):
         e = blk.get(name, {})
         print("%-28s %10.2f %10.0f %10.1f %12.1f" % (name, e.get("ms", float("nan")), e.get("TFLOPs", float("nan")),
                                                     e.get("first_call_s", float("nan")),
@@ -444,6 +509,15 @@ def print_table(res: dict) -> None:
     print("VSA speed-up vs SDPA %.2fx; (c) vs (a) %.2fx; check err %.3g; stages %s" % (
         att.get("vsa_speedup_vs_sdpa", float("nan")), blk.get("c_speedup_vs_a", float("nan")) or float("nan"),
         att.get("check_max_abs_err", float("nan")), att.get("stages_ms")))
+    if "c_speedup_vs_c0" in blk:
+        print("(c) fused glue vs (c0) eager glue: %.2fx; outputs differ on %.2e of elements, max abs %.3g" % (
+            blk["c_speedup_vs_c0"], blk.get("c_vs_c0_differing_fraction", nan), blk.get("c_vs_c0_max_abs", nan)))
+    glue = res.get("glue", {})
+    if glue:
+        print("glue ops (ms eager -> fused): qk_norm_rope %.2f -> %.2f, swiglu %.2f -> %.2f; differ %s / %s" % (
+            glue.get("qk_norm_rope_torch_ms", nan), glue.get("qk_norm_rope_triton_ms", nan),
+            glue.get("swiglu_torch_ms", nan), glue.get("swiglu_triton_ms", nan),
+            glue.get("qk_norm_rope_differing_fraction"), glue.get("swiglu_differing_fraction")))
     if "estimate_8x50" in blk:
         seconds = {k: round(v["dit_s"], 2) for k, v in blk["estimate_8x50"].items()}
         print("8 steps x 50 blocks:", seconds, "s per GPU count")
@@ -452,7 +526,7 @@ def print_table(res: dict) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
-    parser.add_argument("--parts", default="peak,attention,block")
+    parser.add_argument("--parts", default="peak,attention,block,glue")
     parser.add_argument("--sweep", action="store_true", help="time alternative FlexAttention kernel options")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -471,7 +545,8 @@ def main(argv=None) -> int:
     parts = args.parts.split(",")
     for part, fn in (("peak", lambda: part_peak(res, layout.sequence_length)),
                      ("attention", lambda: part_attention(res, plan, args.sweep, dump)),
-                     ("block", lambda: part_block(res, layout, plan, args.out, dump))):
+                     ("block", lambda: part_block(res, layout, plan, args.out, dump)),
+                     ("glue", lambda: part_glue(res, layout.sequence_length, dump))):
         if part not in parts:
             continue
         t0 = time.perf_counter()

@@ -1,7 +1,23 @@
 """`h3batch duplex-server`: reference full-duplex server — the §13 fixture modes and a paced `realtime` mode.
 
 Message decisions come from `server_protocol` and `fixtures`; this module moves frames, keeps per-connection state
-for tests (`index`, `closed`, `frames`, `close_requested`) and owns the timing of realtime output.
+for tests (`index`, `closed`, `frames`, `close_requested`) and owns the timing of realtime output and of the session
+lifecycle (§3): admission slots, close/expiry terminals, the disconnect grace, the idle TTL and the cleanup reaper.
+
+Session lifecycle (realtime mode):
+* open: a slot is reserved before validation and the optional `warmup_frames` preparation, so concurrent opens cannot
+  over-admit; the id is allocated only after warm-up and must never have been issued before (`session_exists`).
+* `session.close` (aliases, default reason `client_close`): state `closing`, work aborted, cleanup attempted, then
+  `session.closed` and close 1000 with the reason. A failed cleanup (fault knob `cleanup_failures`) keeps the slot
+  counted until the reaper, every `reaper_interval_s`, succeeds.
+* transport drop without close: the session turns `closing`, its output stops, and it keeps its slot (a lease) for
+  `disconnect_grace_s`; then it ends with `session.expired` `disconnect_grace_expired` (recorded in
+  `DuplexServer.terminals`, there is no transport to send it on) and is cleaned up. Resume is unsupported, so nothing
+  can re-attach during the grace; `disconnect_grace_s` 0 ends it at once as `session.closed` `disconnect`.
+* idle: no activity (client message or output packet) for `idle_ttl_s`, or no client message for the transport's
+  `idle_timeout_s` (a session may lower it with `session.idle_timeout_s`) ends the session with `session.expired`
+  `idle_ttl_expired` and close 1000 `timeout`.
+* server shutdown ends every attached session with `session.closed` `shutdown`.
 """
 from __future__ import annotations
 
@@ -14,6 +30,7 @@ import random
 import signal
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
 
@@ -23,9 +40,9 @@ from websockets.exceptions import ConnectionClosed
 from loadrunner.audio import FRAME_PERIOD_S, SAMPLE_RATE_HZ
 from loadrunner.fixtures import ConnectionState, FixtureMode, fixture_replies
 from loadrunner.server_protocol import (CLOSE_TYPES, DEFAULT_PERSONA, DEFAULT_VOICE, IGNORED_CLIENT_EVENTS,
-                                        MAX_CLIENT_FRAME_BYTES, MAX_PENDING_INPUT_BYTES, Admission, AppendDecoder,
-                                        Content, EventSequencer, OutputRenderer, capabilities, data_plane_metadata,
-                                        error_event, open_error, update_error)
+                                        MAX_CLIENT_FRAME_BYTES, MAX_PENDING_INPUT_BYTES, NEW_EPOCH_TYPES, Admission,
+                                        AppendDecoder, Content, EventSequencer, OutputRenderer, SessionState,
+                                        capabilities, data_plane_metadata, error_event, open_error, update_error)
 
 logger = logging.getLogger("loadrunner.server")
 REALTIME = "realtime"
@@ -51,7 +68,17 @@ class ServerConfig:
     jitter_seed: int = 0
     slowdown: float = 1.0  # multiplies frame_cost_ms
     first_message_timeout_s: float = 10.0
-    idle_timeout_s: float = 300.0
+    idle_timeout_s: float = 300.0  # §2 transport: no client message for this long (0 = off)
+    idle_ttl_s: float = 300.0  # §3.7 lease: no client message or output for this long (0 = off)
+    disconnect_grace_s: float = 30.0  # slot kept after a transport drop; 0 = clean up at once
+    reaper_interval_s: float = 5.0  # retry period for failed cleanups
+    warmup_frames: int = 0  # silent frames run through the worker while an open holds its slot
+    max_pending_input_bytes: int = MAX_PENDING_INPUT_BYTES  # §3.5 per-session input reservation
+    cleanup_failures: int = 0  # fault knob: the first N cleanup attempts of every session fail
+
+
+def new_session_id() -> str:
+    return f"duplex-{uuid.uuid4().hex}"
 
 
 class SerialWorker:
@@ -72,12 +99,16 @@ class SerialWorker:
 
 
 class RealtimeSession:
-    """One open realtime session on a connection: output chunking and the per-session event sequence."""
+    """One realtime session: output chunking, its state, activity clock and cleanup (owned by `DuplexServer`)."""
 
-    def __init__(self, conn: RealtimeConnection, voice: str, instructions: str):
-        self.conn = conn
-        self.id = f"duplex-{uuid.uuid4().hex}"
+    def __init__(self, conn: RealtimeConnection, session_id: str, voice: str, instructions: str,
+                 idle_timeout_s: float | None = None):
+        self.conn: RealtimeConnection | None = conn  # None once the transport dropped
+        self.server = conn.server
+        self.id = session_id
         self.voice, self.instructions = voice, instructions
+        self.idle_timeout_s = idle_timeout_s  # the session's own transport idle limit, if it set one
+        self.state = SessionState.OPEN
         self.epoch = 0
         self.response_id = self._new_response_id()
         self.decoder = AppendDecoder()
@@ -85,18 +116,22 @@ class RealtimeSession:
         self.ready: asyncio.Queue[bytes] = asyncio.Queue()
         self.generated_samples = 0
         self.sent_samples = 0
-        self.pending_input_bytes = 0
-        self.closed = False
+        self.pending_input_bytes = 0.0
+        self.unassigned_input_bytes = 0  # wire bytes of appends whose samples still wait in the residual
+        self.closed = False  # work aborted: no more output is produced or sent
+        self.cleanup_attempts = 0
+        self.last_activity = asyncio.get_running_loop().time()
+        self.detached_at: float | None = None
         self.pump = asyncio.create_task(self._pump(), name=f"pump-{self.id}")
 
     def _new_response_id(self) -> str:
         return f"resp-{self.id}-{self.epoch}-{uuid.uuid4().hex[:8]}"
 
     def session_object(self) -> dict:
-        caps = capabilities(self.conn.server.config.max_sessions)
+        caps = capabilities(self.server.config.max_sessions)
         return {
             "object": "realtime.session", "type": "realtime", "id": self.id, "model": self.conn.model,
-            "state": "open", "turn_state": "listening", "epoch": self.epoch, "turn_id": None,
+            "state": self.state.value, "turn_state": "listening", "epoch": self.epoch, "turn_id": None,
             "active_request_id": None, "active_response_id": self.response_id, "active_response_turn_id": None,
             "modalities": ["audio", "text"], "output_modalities": ["audio", "text"],
             "instructions": self.instructions, "voice": self.voice, "response_format": "pcm16",
@@ -126,16 +161,22 @@ class RealtimeSession:
                                                              "model_speak": True}},
         ]
 
+    def touch(self) -> None:
+        self.last_activity = asyncio.get_running_loop().time()
+
     def accept_frames(self, frames, wire_bytes: int) -> None:
-        """Schedule output frame k for input frame k on the shared worker (or after the processing delay)."""
+        """Reserve the append's wire size, then schedule output frame k for input frame k on the shared worker."""
         loop = asyncio.get_running_loop()
-        share = wire_bytes / max(1, len(frames))
-        if frames:
-            self.pending_input_bytes += wire_bytes
+        self.pending_input_bytes += wire_bytes
+        self.unassigned_input_bytes += wire_bytes
+        if not frames:
+            return
+        share = self.unassigned_input_bytes / len(frames)  # released as each frame is produced
+        self.unassigned_input_bytes = 0
         epoch = self.epoch
         for frame in frames:
             self.conn.state.frames += 1
-            at = self.conn.server.worker.ready_at(loop.time())
+            at = self.server.worker.ready_at(loop.time())
             loop.call_at(at, self._deliver, epoch, self.renderer.render(frame), share)
 
     def _deliver(self, epoch: int, pcm: bytes, share: float) -> None:
@@ -146,7 +187,7 @@ class RealtimeSession:
 
     async def _pump(self) -> None:
         """First ready frame alone, then `chunk_frames` per packet; flush a partial chunk after one idle period."""
-        config = self.conn.server.config
+        config = self.server.config
         target, buffered = config.initial_chunk_frames, []
         try:
             while True:
@@ -166,23 +207,28 @@ class RealtimeSession:
             logger.exception("output pump of %s failed", self.id)
 
     async def _send_packet(self, frames: list[bytes]) -> None:
+        conn = self.conn
+        if conn is None:
+            return
         payload = b"".join(frames)
         first = self.sent_samples == 0
         self.sent_samples += len(payload) // 2
+        self.touch()
         rid = self.response_id
-        await self.conn.send({
+        await conn.send({
             "type": "response.output_audio.delta", "response_id": rid, "item_id": f"item_{rid}",
             "output_index": 0, "content_index": 0, "delta": _b64(payload), "format": "pcm16",
             "sample_rate_hz": SAMPLE_RATE_HZ,
             "metadata": {"session_id": self.id, "epoch": self.epoch, "model_speak": True, "end_of_turn": False,
                          "playback": self.playback(), "vllm_omni": data_plane_metadata(),
                          "audio_duration_ms": self.sent_samples * 1000 // SAMPLE_RATE_HZ, "audio_text_marks": []}})
-        await self.conn.send({"type": "response.output_audio_transcript.delta", "response_id": rid,
+        await conn.send({"type": "response.output_audio_transcript.delta", "response_id": rid,
                               "item_id": f"item_{rid}", "output_index": 0, "content_index": 0,
                               "delta": "Hello" if first else ""})
 
     async def cancel_response(self) -> None:
-        """`response.cancel` / `output_audio_buffer.clear`: new epoch, drop queued output, start a new response."""
+        """A §3.1 epoch event (cancel, output clear, input cancel, barge-in): new epoch, drop queued output, new
+        response."""
         done = {"type": "response.done", "response_id": self.response_id,
                 "response": {"id": self.response_id, "object": "realtime.response", "status": "cancelled"}}
         self.epoch += 1
@@ -193,10 +239,24 @@ class RealtimeSession:
         for event in self.response_events():
             await self.conn.send(event)
 
-    async def stop(self) -> None:
+    async def abort(self) -> None:
+        """Stop producing and sending output (idempotent); scheduled deliveries are dropped by `closed`."""
         self.closed = True
-        self.pump.cancel()
-        await asyncio.wait([self.pump])
+        if not self.pump.done():
+            self.pump.cancel()
+            await asyncio.wait([self.pump])
+        while not self.ready.empty():
+            self.ready.get_nowait()
+
+    async def cleanup(self) -> bool:
+        """One cleanup attempt: abort work and free the session's resources; False when the attempt failed."""
+        await self.abort()
+        self.cleanup_attempts += 1
+        if self.cleanup_attempts <= self.server.config.cleanup_failures:
+            return False
+        self.decoder.clear()
+        self.pending_input_bytes = 0.0
+        return True
 
 
 def _b64(data: bytes) -> str:
@@ -204,13 +264,14 @@ def _b64(data: bytes) -> str:
 
 
 class RealtimeConnection:
-    """§2-§4 for one WebSocket: first-message rules, admission, appends, close and disconnect cleanup."""
+    """§2-§4 for one WebSocket: first-message rules, admission, appends, close, idle expiry and disconnect."""
 
     def __init__(self, server: DuplexServer, websocket: ServerConnection, state: ConnectionState):
         self.server, self.websocket, self.state = server, websocket, state
         self.sequencer = EventSequencer()
         self.lock = asyncio.Lock()
         self.session: RealtimeSession | None = None
+        self.last_message_at = asyncio.get_running_loop().time()
         query = dict(parse_qsl(urlsplit(websocket.request.path).query, keep_blank_values=True))
         self.model = query.get("model", "reference-duplex")
         self.autostart = "model" in query and query.get("autostart", "1").lower() not in FALSY \
@@ -237,6 +298,7 @@ class RealtimeConnection:
                                           f"{config.first_message_timeout_s:g} s")
                     await self.websocket.close(1000, "timeout")
                     return
+                self.last_message_at = asyncio.get_running_loop().time()
                 message = await self.parse(raw)
                 if message is None:
                     await self.websocket.close(1000, "transport_error")
@@ -249,12 +311,9 @@ class RealtimeConnection:
                 if not await self.handle(message):
                     return
             while True:
-                idle = config.idle_timeout_s
-                try:
-                    async with asyncio.timeout(idle if idle > 0 else None):
-                        raw = await self.websocket.recv()
-                except TimeoutError:
-                    await self.expire("idle_ttl_expired")
+                raw = await self.receive_or_idle()
+                if raw is None:
+                    await self.expire_idle()
                     return
                 message = await self.parse(raw)
                 if message is not None and not await self.handle(message, len(raw)):
@@ -262,7 +321,38 @@ class RealtimeConnection:
         except ConnectionClosed:
             return
         finally:
-            await self.release()
+            if self.session is not None:
+                await self.server.transport_lost(self.session)
+
+    def idle_deadline(self) -> float | None:
+        """Loop time at which this connection counts as idle (§2 transport limit, §3.7 session TTL), or None."""
+        config, session = self.server.config, self.session
+        transport_limit = config.idle_timeout_s
+        if session is not None and session.idle_timeout_s:
+            transport_limit = session.idle_timeout_s
+        deadlines = []
+        if transport_limit > 0:
+            deadlines.append(self.last_message_at + transport_limit)
+        if session is not None and config.idle_ttl_s > 0:
+            deadlines.append(session.last_activity + config.idle_ttl_s)
+        return min(deadlines) if deadlines else None
+
+    async def receive_or_idle(self):
+        """The next client frame, or None once the idle deadline passed without one."""
+        loop = asyncio.get_running_loop()
+        while True:
+            deadline = self.idle_deadline()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    raw = await self.websocket.recv()
+            except TimeoutError:
+                if self.idle_deadline() is not None and loop.time() >= self.idle_deadline():
+                    return None
+                continue  # output activity moved the deadline on
+            self.last_message_at = loop.time()
+            if self.session is not None:
+                self.session.touch()
+            return raw
 
     async def parse(self, raw) -> dict | None:
         if len(raw) > MAX_CLIENT_FRAME_BYTES:
@@ -279,21 +369,33 @@ class RealtimeConnection:
         return message
 
     async def open(self, session_payload: dict, client_event_id) -> bool:
+        """Admission (§3.2) and validation (§3.3) of a first `session.update`; the slot is held from here on."""
         admission = self.server.admission
-        if not admission.try_acquire():
+        if not admission.try_reserve():
             event = admission.exhausted_event()
             if client_event_id is not None:
                 event["error"]["event_id"] = client_event_id
             await self.send(event)
             return True
-        refused = open_error(session_payload)
+        try:
+            refused = open_error(session_payload)
+            if refused is None:
+                await self.server.warm_up()
+                session_id = self.server.new_session_id()
+                if not admission.commit(session_id):
+                    refused = ("session_exists", f"session {session_id} already exists")
+        except BaseException:
+            admission.abandon()
+            raise
         if refused is not None:
-            admission.release()
+            if refused[0] != "session_exists":
+                admission.abandon()
             await self.send_error(*refused, client_event_id)
             return True
-        self.session = RealtimeSession(self, session_payload.get("voice", DEFAULT_VOICE),
-                                       session_payload.get("instructions") or DEFAULT_PERSONA)
-        self.server.sessions_opened += 1
+        self.session = RealtimeSession(self, session_id, session_payload.get("voice", DEFAULT_VOICE),
+                                       session_payload.get("instructions") or DEFAULT_PERSONA,
+                                       session_payload.get("idle_timeout_s"))
+        self.server.register(self.session)
         body = self.session.session_object()
         await self.send({"type": "session.created", "session": body})
         await self.send({"type": "session.updated", "session": body})
@@ -320,7 +422,8 @@ class RealtimeConnection:
                                   client_event_id)
             return True
         if kind in CLOSE_TYPES:
-            reason = message.get("reason") if isinstance(message.get("reason"), str) else "client_close"
+            reason = message.get("reason") if isinstance(message.get("reason"), str) and message.get("reason") \
+                else "client_close"
             self.state.close_requested = True
             await self.close_session(reason)
             return False
@@ -334,13 +437,16 @@ class RealtimeConnection:
                                       client_event_id)
             return True
         if session is None:
-            code = "unknown_event" if kind not in IGNORED_CLIENT_EVENTS and not kind.startswith(
-                ("input_audio_buffer.", "response.", "output_audio_buffer.")) else "unknown_session"
-            await self.send_error(code, f"no open session for {kind}", client_event_id)
+            known = kind in IGNORED_CLIENT_EVENTS or kind in NEW_EPOCH_TYPES or kind.startswith(
+                ("input_audio_buffer.", "response.", "output_audio_buffer."))
+            await self.send_error("unknown_session" if known else "unknown_event", f"no open session for {kind}",
+                                  client_event_id)
             return True
         if kind == "input_audio_buffer.append":
-            if session.pending_input_bytes > MAX_PENDING_INPUT_BYTES:
-                await self.send_error("input_backpressure", "pending input exceeds 16 MiB", client_event_id)
+            limit = self.server.config.max_pending_input_bytes
+            if session.pending_input_bytes + wire_bytes > limit:
+                await self.send_error("input_backpressure", f"pending input would exceed {limit} bytes",
+                                      client_event_id)
                 return True
             frames, refused = session.decoder.decode(message)
             if refused is not None:
@@ -348,7 +454,9 @@ class RealtimeConnection:
                 return True
             session.accept_frames(frames, wire_bytes)
             return True
-        if kind in ("response.cancel", "output_audio_buffer.clear"):
+        if kind in NEW_EPOCH_TYPES:
+            if kind == "input.cancel":
+                session.decoder.clear()
             await session.cancel_response()
             return True
         if kind == "input_audio_buffer.clear":
@@ -361,38 +469,140 @@ class RealtimeConnection:
         return True
 
     async def close_session(self, reason: str) -> None:
-        """Release first, then `session.closed`, then close 1000 with the reason (idempotent)."""
-        session_id = self.session.id if self.session else None
-        await self.release()
-        await self.send({"type": "session.closed", "session_id": session_id, "reason": reason,
+        """Abort and clean up first, then `session.closed`, then close 1000 with the reason (idempotent)."""
+        session = self.session
+        if session is not None:
+            await self.server.end(session, "session.closed", reason)
+        await self.send({"type": "session.closed", "session_id": session.id if session else None, "reason": reason,
                          "event": {"type": "session.closed", "reason": reason}})
         await self.websocket.close(1000, reason)
 
-    async def expire(self, reason: str) -> None:
-        """No client message for the idle TTL: release, `session.expired`, close with reason `timeout`."""
-        session_id = self.session.id if self.session else None
-        await self.release()
-        await self.send({"type": "session.expired", "session_id": session_id, "reason": reason})
+    async def expire_idle(self) -> None:
+        """Idle limit reached: clean up, `session.expired` `idle_ttl_expired`, close 1000 `timeout`."""
+        session = self.session
+        if session is not None:
+            await self.server.end(session, "session.expired", "idle_ttl_expired")
+            await self.send({"type": "session.expired", "session_id": session.id, "reason": "idle_ttl_expired"})
         await self.websocket.close(1000, "timeout")
-
-    async def release(self) -> None:
-        if self.session is not None and not self.session.closed:
-            await self.session.stop()
-            self.server.admission.release()
 
 
 class DuplexServer:
-    """Serves one mode on host:port; `connections` holds every accepted connection's state, in accept order."""
+    """Serves one mode on host:port; `connections` holds every accepted connection's state, in accept order.
 
-    def __init__(self, config: ServerConfig, log: logging.Logger | None = None):
+    Realtime sessions live in `sessions` (id -> session, open or closing) until their cleanup succeeded; `terminals`
+    records how each ended ({session_id, type, reason}) in order. `new_session_id` is injectable for tests.
+    """
+
+    def __init__(self, config: ServerConfig, log: logging.Logger | None = None,
+                 new_session_id: Callable[[], str] = new_session_id):
         self.config = config
         self.logger = log or logger
         self.connections: list[ConnectionState] = []
         self.admission = Admission(config.max_sessions)
         self.worker = SerialWorker(config)
+        self.new_session_id = new_session_id
+        self.sessions: dict[str, RealtimeSession] = {}
+        self.terminals: list[dict] = []
         self.sessions_opened = 0
+        self._reaping: dict[str, RealtimeSession] = {}
+        self._timers: dict[str, asyncio.Task] = {}
+        self._reaper: asyncio.Task | None = None
         self._server: Server | None = None
         self.fixture = None if config.mode == REALTIME else FixtureMode(config.mode)
+
+    # -- session lifecycle (§3) -------------------------------------------------------------------------------
+    def register(self, session: RealtimeSession) -> None:
+        self.sessions[session.id] = session
+        self.sessions_opened += 1
+
+    async def warm_up(self) -> None:
+        """Open preparation: `warmup_frames` silent frames occupy the shared worker while the slot is held."""
+        loop = asyncio.get_running_loop()
+        ready = loop.time()
+        for _ in range(self.config.warmup_frames):
+            ready = self.worker.ready_at(loop.time())
+        if ready > loop.time():
+            await asyncio.sleep(ready - loop.time())
+
+    async def end(self, session: RealtimeSession, terminal: str, reason: str) -> None:
+        """Terminal `terminal` (`session.closed` / `session.expired`) with `reason`: state `closing`, work aborted,
+        one cleanup attempt; the slot is released only when cleanup succeeded, else the reaper retries. A session
+        ends once: later calls are no-ops."""
+        if session.state is not SessionState.OPEN and session.detached_at is None:
+            return
+        timer = self._timers.pop(session.id, None)
+        if timer is not None and timer is not asyncio.current_task():
+            timer.cancel()
+        session.state, session.detached_at = SessionState.CLOSING, None
+        self.terminals.append({"session_id": session.id, "type": terminal, "reason": reason})
+        self.logger.info("%s %s %s", session.id, terminal, reason)
+        await self._clean(session)
+
+    async def _clean(self, session: RealtimeSession) -> None:
+        if await session.cleanup():
+            session.state = SessionState.CLOSED
+            self._reaping.pop(session.id, None)
+            self.sessions.pop(session.id, None)
+            self.admission.release(session.id)
+        else:
+            self._reaping[session.id] = session
+
+    async def transport_lost(self, session: RealtimeSession) -> None:
+        """The connection handler exited; an open session keeps its slot for the disconnect grace."""
+        session.conn = None
+        if session.state is not SessionState.OPEN:
+            return
+        grace = self.config.disconnect_grace_s
+        if grace <= 0:
+            await self.end(session, "session.closed", "disconnect")
+            return
+        session.state = SessionState.CLOSING
+        session.detached_at = asyncio.get_running_loop().time()
+        await session.abort()
+        self._timers[session.id] = asyncio.create_task(self._lease_timer(session), name=f"lease-{session.id}")
+
+    async def _lease_timer(self, session: RealtimeSession) -> None:
+        """A detached session ends at the grace deadline or its idle TTL, whichever comes first."""
+        grace_at = session.detached_at + self.config.disconnect_grace_s
+        ttl = self.config.idle_ttl_s
+        ttl_at = session.last_activity + ttl if ttl > 0 else float("inf")
+        await asyncio.sleep(max(0.0, min(grace_at, ttl_at) - asyncio.get_running_loop().time()))
+        reason = "idle_ttl_expired" if ttl_at < grace_at else "disconnect_grace_expired"
+        await self.end(session, "session.expired", reason)
+
+    async def _reap(self) -> None:
+        """Every `reaper_interval_s`, retry the cleanup of sessions whose cleanup failed."""
+        while True:
+            await asyncio.sleep(self.config.reaper_interval_s)
+            for session in list(self._reaping.values()):
+                try:
+                    await self._clean(session)
+                except Exception:
+                    self.logger.exception("reaper: cleanup of %s failed", session.id)
+
+    async def _shut_down_sessions(self) -> None:
+        """Server shutdown: attached sessions end with `session.closed` `shutdown`; every slot is freed."""
+        for session in list(self.sessions.values()):
+            conn = session.conn
+            try:
+                if conn is not None and session.state is SessionState.OPEN:
+                    async with asyncio.timeout(1.0):
+                        await conn.close_session("shutdown")
+                elif session.state is SessionState.OPEN or session.detached_at is not None:
+                    await self.end(session, "session.closed", "shutdown")
+            except (ConnectionClosed, TimeoutError):
+                pass
+        tasks = [*self._timers.values(), *([self._reaper] if self._reaper else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._timers.clear()
+        for session in list(self.sessions.values()):  # cleanup still failing: the process is going away anyway
+            await session.abort()
+            session.state = SessionState.CLOSED
+            self.admission.release(session.id)
+        self.sessions.clear()
+        self._reaping.clear()
 
     @property
     def port(self) -> int:
@@ -405,10 +615,13 @@ class DuplexServer:
     async def start(self) -> DuplexServer:
         self._server = await serve(self._handle, self.config.host, self.config.port, max_size=64 * 2**20,
                                    compression=None, process_request=self._check_path, logger=self.logger)
+        if self.fixture is None:
+            self._reaper = asyncio.create_task(self._reap(), name="session-reaper")
         return self
 
     async def close(self) -> None:
         if self._server is not None:
+            await self._shut_down_sessions()
             self._server.close()
             await self._server.wait_closed()
 
@@ -473,7 +686,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jitter-seed", type=int, default=0)
     p.add_argument("--slowdown", type=float, default=1.0)
     p.add_argument("--first-message-timeout-s", type=float, default=10.0)
-    p.add_argument("--idle-timeout-s", type=float, default=300.0)
+    p.add_argument("--idle-timeout-s", type=float, default=300.0,
+                   help="close after this long without a client message (0 = off)")
+    p.add_argument("--idle-ttl-s", type=float, default=300.0,
+                   help="session.expired idle_ttl_expired after this long without activity (0 = off)")
+    p.add_argument("--disconnect-grace-s", type=float, default=30.0,
+                   help="a dropped session keeps its slot this long, then session.expired (0 = release at once)")
+    p.add_argument("--reaper-interval-s", type=float, default=5.0, help="retry period for failed cleanups")
+    p.add_argument("--warmup-frames", type=int, default=0, help="silent frames run at open while the slot is held")
+    p.add_argument("--max-pending-input-bytes", type=int, default=MAX_PENDING_INPUT_BYTES,
+                   help="per-session input reservation; over it appends get input_backpressure")
+    p.add_argument("--cleanup-failures", type=int, default=0,
+                   help="fault injection: the first N cleanup attempts of every session fail")
     return p
 
 
@@ -486,12 +710,20 @@ def parse_config(argv: list[str]) -> ServerConfig:
         parser.error(f"--max-sessions must be at least 1, got {args.max_sessions}")
     if args.initial_chunk_frames < 1 or args.chunk_frames < 1:
         parser.error("--initial-chunk-frames and --chunk-frames must be at least 1")
-    for name in ("processing_delay_ms", "frame_cost_ms", "jitter_ms"):
+    for name in ("processing_delay_ms", "frame_cost_ms", "jitter_ms", "first_message_timeout_s", "idle_timeout_s",
+                 "idle_ttl_s", "disconnect_grace_s"):
         value = getattr(args, name)
         if not 0 <= value < float("inf"):
             parser.error(f"--{name.replace('_', '-')} must be finite and non-negative, got {value}")
     if not 0 < args.slowdown < float("inf"):
         parser.error(f"--slowdown must be finite and positive, got {args.slowdown}")
+    if not 0 < args.reaper_interval_s < float("inf"):
+        parser.error(f"--reaper-interval-s must be finite and positive, got {args.reaper_interval_s}")
+    for name in ("warmup_frames", "cleanup_failures"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be at least 0, got {getattr(args, name)}")
+    if args.max_pending_input_bytes < 1:
+        parser.error(f"--max-pending-input-bytes must be at least 1, got {args.max_pending_input_bytes}")
     return ServerConfig(**{**vars(args), "content": Content(args.content)})
 
 

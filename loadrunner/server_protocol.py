@@ -40,10 +40,12 @@ FALSE_CAPABILITIES = ("external_turn_signal", "client_commit", "replace_latest_c
                       "scheduler_native_append", "overlapped_commit", "session_resume", "audio_truncate",
                       "image_input", "text_only_turn")
 IGNORED_CLIENT_EVENTS = frozenset({
-    "input.text.append", "barge_in", "turn.signal", "response.create", "input.cancel",
+    "input.text.append", "turn.signal", "response.create",
     "conversation.item.create", "conversation.item.delete", "conversation.item.truncate", "conversation.item.retrieve",
     "playback.ack", "audio.playback_ack", "input_audio_buffer.commit", "input.commit"})
 CLOSE_TYPES = frozenset({"session.close", "close", "close_session"})
+# Events that start a new epoch (§3.1): response cancel, output clear, input cancel, barge-in.
+NEW_EPOCH_TYPES = frozenset({"response.cancel", "output_audio_buffer.clear", "input.cancel", "barge_in"})
 
 
 def error_type(code: str) -> str:
@@ -106,24 +108,63 @@ def error_event(code: str, message: str, client_event_id: str | None = None, par
     return {"type": "error", "error": error}
 
 
+class SessionState(str, Enum):
+    """§3.1 session states: `closing` lasts from close/disconnect until cleanup finished (the slot still counts)."""
+
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
 class Admission:
-    """Slot accounting for `max_sessions`: a slot is held from the start of an open until cleanup finished."""
+    """Slot accounting for `max_sessions` (§3.2): admitted = live sessions (open, or closing with unfinished
+    cleanup) + opens in progress. Release is by session id, so a repeated close can never free a second slot."""
 
     def __init__(self, max_sessions: int):
         self.max_sessions = max_sessions
-        self.held = 0
+        self.opening = 0
+        self.live: set[str] = set()
+        self.issued: set[str] = set()  # every id ever admitted: ids are never reused
 
-    def try_acquire(self) -> bool:
+    @property
+    def held(self) -> int:
+        return len(self.live) + self.opening
+
+    def try_reserve(self) -> bool:
+        """Hold a slot for an open in progress; False when every slot is taken."""
         if self.held >= self.max_sessions:
             return False
-        self.held += 1
+        self.opening += 1
         return True
 
-    def release(self) -> None:
-        self.held = max(0, self.held - 1)
+    def abandon(self) -> None:
+        """An open in progress failed before it produced a session."""
+        self.opening = max(0, self.opening - 1)
+
+    def commit(self, session_id: str) -> bool:
+        """Turn the reservation into live session `session_id`; False (reservation dropped) for a reused id."""
+        self.abandon()
+        if session_id in self.issued:
+            return False
+        self.issued.add(session_id)
+        self.live.add(session_id)
+        return True
+
+    def release(self, session_id: str) -> None:
+        self.live.discard(session_id)
 
     def exhausted_event(self) -> dict:
         return error_event("resource_exhausted", f"duplex_session_capacity_exhausted: limit={self.max_sessions}")
+
+
+def _owned_keys_error(session: dict) -> tuple[str, str] | None:
+    extra = session.get("extra_body") or {}
+    if not isinstance(extra, dict):
+        return "invalid_session_config", "extra_body must be an object"
+    owned = sorted(SERVER_OWNED_KEYS & set(extra))
+    if owned:
+        return "invalid_session_config", f"server-owned keys are not accepted in extra_body: {owned}"
+    return None
 
 
 def open_error(session: object) -> tuple[str, str] | None:
@@ -133,12 +174,12 @@ def open_error(session: object) -> tuple[str, str] | None:
     voice = session.get("voice", DEFAULT_VOICE)
     if not isinstance(voice, str) or voice not in BUNDLED_VOICES:
         return "invalid_voice", f"voice must be one of the bundled basenames, got {voice!r}"
-    extra = session.get("extra_body") or {}
-    if not isinstance(extra, dict):
-        return "invalid_session_config", "extra_body must be an object"
-    owned = sorted(SERVER_OWNED_KEYS & set(extra))
-    if owned:
-        return "invalid_session_config", f"server-owned keys are not accepted: {owned}"
+    owned = _owned_keys_error(session)
+    if owned is not None:
+        return owned
+    idle = session.get("idle_timeout_s")
+    if idle is not None and (type(idle) not in (int, float) or not 0 <= idle < math.inf):
+        return "invalid_session_config", f"idle_timeout_s must be a finite number >= 0, got {idle!r}"
     rate = session.get("sample_rate_hz", SAMPLE_RATE_HZ)
     if rate != SAMPLE_RATE_HZ:
         return "unsupported_audio_format", f"sample_rate_hz must be {SAMPLE_RATE_HZ}, got {rate!r}"
@@ -156,7 +197,7 @@ def update_error(opened: dict, session: object) -> tuple[str, str] | None:
         return "voice_update_unsupported", "voice cannot change after the session opened"
     if "instructions" in session and (session["instructions"] or DEFAULT_PERSONA) != opened["instructions"]:
         return "persona_update_unsupported", "instructions cannot change after the session opened"
-    return None
+    return _owned_keys_error(session)
 
 
 @dataclass

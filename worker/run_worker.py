@@ -40,10 +40,10 @@ def main(argv: list[str]) -> int:
         if args.name:
             os.environ["H3BATCH_WORKER_NAME"] = args.name  # so a lazily built Settings agrees
             settings = Settings.from_env()
+        stall_watch = WatchdogConfig.from_env()
         check_redis(settings.redis_url)
         check_release_dir(settings.release_dir)
         check_artifacts_dir(settings.artifacts_dir)
-        stall_watch = WatchdogConfig.from_env()
     except ConfigError as exc:
         print(f"h3batch worker: {exc}", file=sys.stderr)
         return 2

@@ -33,6 +33,11 @@ const H3 = (() => {
     return response;
   }
 
+  // JSON with 63-bit seeds kept exact: JavaScript numbers lose digits past 2^53, so seeds become strings.
+  async function json(response) {
+    return JSON.parse((await response.text()).replace(/"seed":\s*(\d{16,})/g, '"seed":"$1"'));
+  }
+
   async function errorText(response) {
     try {
       const body = await response.json();
@@ -130,7 +135,7 @@ const H3 = (() => {
     const response = await api("/jobs?status=completed&limit=12");
     if (response.status === 401) return;  // api() already asked for a key
     if (!response.ok) { say(await errorText(response), true); return; }
-    const page = await response.json();
+    const page = await json(response);
     gallery.replaceChildren(...page.data.map(card));
     if (!page.data.length) gallery.textContent = "No finished clips yet.";
   }
@@ -146,7 +151,7 @@ const H3 = (() => {
       const response = await api("/jobs", {method: "POST", body: JSON.stringify(body),
                                            headers: {"Content-Type": "application/json"}});
       if (!response.ok) { say(await errorText(response), true); return; }
-      const job = await response.json();
+      const job = await json(response);
       await watch(job);
     } catch (e) {
       say(e.message, true);
@@ -172,7 +177,7 @@ const H3 = (() => {
       if (data.status) status = data.status;
       show(TERMINAL.has(name) ? name : status, data.stage, data.progress, data.step);
     });
-    const done = await (await api("/jobs/" + job.id)).json();
+    const done = await json(await api("/jobs/" + job.id));
     show(done.status, null, done.progress);
     $("current-stage").textContent = done.width + "×" + done.height + " · " + done.seconds + " s · seed " + done.seed;
     if (final === "completed") {

@@ -101,3 +101,31 @@ def test_keepalives_and_stream_cap_leave_threads_free(compat_api, rc):
             response.close()
         for job_id in idle:
             delete_job(rc, job_id)
+
+
+def test_stream_time_limit_ends_with_retry_hint_and_frees_the_slot(compat_redis_url, compat_artifacts, rc,
+                                                                   monkeypatch):
+    """A stream older than SSE_MAX_S ends with a `retry:` hint (the client resumes with Last-Event-ID) and gives its
+    slot back."""
+    import api.jobs
+    from api import create_app
+
+    monkeypatch.setattr(api.jobs, "KEEPALIVE_S", 0.2)  # keep-alives are what let the guard look at the clock
+    app = create_app({"REDIS_URL": compat_redis_url, "ARTIFACTS_DIR": str(compat_artifacts), "API_KEYS": [],
+                      "SSE_MAX_S": 1.0, "SSE_MAX_STREAMS": 1})
+    job_id = create_job(rc, JobSpec(prompt="idle", seconds=4.0, width=256, height=128, seed=1))["id"]
+    try:
+        client = app.test_client()
+        started = time.monotonic()
+        response = client.get(f"/jobs/{job_id}/events", buffered=False)
+        assert client.get(f"/jobs/{job_id}/events").status_code == 503  # the one slot is taken
+        body = b"".join(response.response).decode()
+        response.close()
+        elapsed = time.monotonic() - started
+        assert "event: status" in body and ": keep-alive" in body and "retry: 1000" in body
+        assert 1.0 <= elapsed < 8.0
+        again = client.get(f"/jobs/{job_id}/events", buffered=False)  # the slot came back
+        assert again.status_code == 200
+        again.close()
+    finally:
+        delete_job(rc, job_id)

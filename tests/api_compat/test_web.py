@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,7 @@ def _shot(driver, tmp_path: Path, name: str) -> Path:
 def test_submit_progress_video_and_gallery(stack, browser, tmp_path):
     """The page asks for the key after a 401, submits a job, shows progress to 100 % and plays the MP4
     (readyState ≥ 1, duration > 0); the gallery then lists playable clips."""
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -94,6 +96,14 @@ def test_submit_progress_video_and_gallery(stack, browser, tmp_path):
     wait.until(lambda d: all(d.execute_script(posters)))  # thumbnails (PNG variant) fetched with the key
     gallery = browser.find_element(By.ID, "gallery")
     browser.execute_script("arguments[0].previousElementSibling.scrollIntoView()", gallery)
+    # For the screenshot only: show a decoded frame (HAVE_CURRENT_DATA) rather than the loading spinner.
+    browser.execute_script("document.querySelectorAll('video').forEach(v => { v.currentTime = v.duration / 2; })")
+    settled = "return [...document.querySelectorAll('video')].every(v => v.readyState >= 2 && !v.seeking);"
+    try:
+        WebDriverWait(browser, 15).until(lambda d: d.execute_script(settled))
+        time.sleep(1.0)  # Chromium fades its loading spinner out after the seek completes
+    except TimeoutException:
+        pass
     assert "seed 2024" in gallery.text
     _shot(browser, tmp_path, "web-gallery.png")
 

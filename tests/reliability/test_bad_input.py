@@ -83,13 +83,15 @@ def test_unicode_and_emoji_prompts_round_trip(keyed_stack, prompt):
 
 @pytest.mark.parametrize("method, path, status", [
     ("GET", "/jobs?limit=0", 400), ("GET", "/jobs?limit=101", 400), ("GET", "/jobs?limit=abc", 400),
-    ("GET", "/jobs?order=sideways", 400), ("GET", "/jobs?status=running", 400), ("GET", "/jobs?after=nope", 400),
+    ("GET", "/jobs?order=sideways", 400), ("GET", "/jobs?limit=5&limit=abc", 400),
+    ("GET", "/jobs?order=asc&order=desc", 400), ("GET", "/jobs?status=running", 400), ("GET", "/jobs?after=nope", 400),
     ("GET", "/jobs/job_000000000000000000000000?wait=61", 404), ("GET", "/jobs/%00", 404),
     ("GET", "/jobs/" + "a" * 3000, 404), ("PUT", "/jobs", 405), ("PATCH", "/jobs/job_x", 405),
     ("GET", "/no/such/route", 404),
 ])
 def test_bad_paths_and_queries_get_a_4xx_envelope(keyed_stack, method, path, status):
-    """Bad query values, unknown ids, unknown routes and wrong methods answer 4xx with the error envelope."""
+    """Bad or repeated query values, unknown ids, unknown routes and wrong methods answer 4xx with the error
+    envelope."""
     reply = requests.request(method, keyed_stack.api.base + path, headers=bearer(KEY_A), timeout=30)
     _assert_envelope(reply, status)
 

@@ -20,7 +20,7 @@ import pytest
 from .conftest import KEY_A, REPO
 
 ST = Path(sys.executable).with_name("st")
-MAX_EXAMPLES = int(os.environ.get("H3BATCH_FUZZ_EXAMPLES", "400"))
+MAX_EXAMPLES = int(os.environ.get("H3BATCH_FUZZ_EXAMPLES", "250"))
 """Test cases per operation and phase (Schemathesis `--max-examples`); 200 gives well over 1,000 requests."""
 
 

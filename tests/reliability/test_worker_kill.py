@@ -113,3 +113,24 @@ def test_twenty_kills_over_twenty_jobs(stack_factory):
     every job completes exactly once with a decodable MP4 and nothing is left in_progress or queued."""
     kills = int(os.environ.get("H3BATCH_CHAOS_KILLS", "20"))
     run_kill_chaos(stack_factory, jobs=kills, kills=kills)
+
+
+@pytest.mark.chaos
+def test_requeue_latency_with_default_lease_settings(stack_factory):
+    """With the shipped defaults (lease 30 s, reaper every 10 s, heartbeat 5 s), a job whose worker is killed -9
+    mid-render is requeued within 2 minutes of the death (bound: lease TTL + reaper interval + a heartbeat) and
+    completes on attempt 2."""
+    stack = stack_factory()
+    api = stack.start_api()
+    stack.worker_env = {"H3BATCH_LEASE_TTL_S": "30", "H3BATCH_RECONCILE_INTERVAL_S": "10"}
+    r = stack.redis.client()
+    job_id = post_job(api.base)["id"]
+    victim = stack.start_worker("victim", **STEP_DELAY)
+    assert _wait_for_kill_point(r, victim.name, "denoise", 1) == job_id
+    victim.kill()
+    killed_at = time.time()
+    stack.start_worker("successor")
+    assert wait_all_finished(r, [job_id], timeout_s=180) == {job_id: "completed"}
+    latency = float(r.hget(f"h3b:runs:{job_id}", "requeued_at")) - killed_at
+    assert latency < 30 + 10 + 5 + 10 and r.hget(f"h3b:job:{job_id}", "attempt") == "2", latency
+    print("\nRELIABILITY default-lease " + json.dumps({"requeue_latency_s": round(latency, 1)}))

@@ -31,7 +31,9 @@ from kernels import (
     indexed_gate,
     indexed_gate_rms_norm_scale_shift,
     indexed_scale_shift_,
+    qk_norm_rope,
     rms_norm_indexed_scale_shift,
+    swiglu,
 )
 from worker.h3.config import MODALITY_COUNT, H3Config
 
@@ -181,10 +183,11 @@ class Attention(nn.Module):
     def forward(self, h: torch.Tensor, rope: RopeTables | None = None, vsa_plan: Any = None) -> torch.Tensor:
         batch, rows, _ = h.shape  # h: [B, S, H]
         # Heads come from the weight's rows, so a head-sharded qkv_proj ([Q_local; K_local; V_local]) also works.
-        q, k, v = self.qkv_proj(h).view(batch, rows, 3, -1, self.head_dim).unbind(2)  # each [B, S, heads, hd]
-        q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        qkv = self.qkv_proj(h)  # [B, S, 3 * heads * hd]
+        v = qkv.view(batch, rows, 3, -1, self.head_dim)[:, :, 2]  # [B, S, heads, hd] view
+        # Per-head RMSNorm + RoPE of q and k in one fused op (kernels/qk_norm_rope.py; eager on CPU): same
+        # roundings as self.q_norm / self.k_norm followed by apply_rope. q_norm and k_norm share qk_norm_eps.
+        q, k = qk_norm_rope(qkv, self.head_dim, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, rope)
         gate = None
         if vsa_plan is not None:
             if self.to_gate_compress is None:
@@ -204,8 +207,7 @@ class SwiGLU(nn.Module):
         self.fc2 = nn.Linear(config.ffn_hidden_size, config.hidden_size, bias=False, dtype=dtype)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        gate, up = self.fc1(h).chunk(2, dim=-1)
-        return self.fc2(F.silu(gate) * up)
+        return self.fc2(swiglu(self.fc1(h)))  # silu(gate) * up, fused on CUDA (kernels/swiglu.py)
 
 
 class RefinerBlock(nn.Module):

@@ -1,0 +1,22 @@
+"""Request-shape checks that hold for every route, before any view runs.
+
+Every query parameter of the API takes one value (limit, after, order, status, wait, variant, ...). Flask's
+`request.args.get` silently takes the first of `?limit=5&limit=abc`, so the rest would be accepted unread; here a
+repeated parameter is 400 `invalid_request` naming it, which is what the OpenAPI document promises (the schemas give
+each parameter a single type, and Schemathesis sends repeats as arrays to check that they are refused).
+"""
+from __future__ import annotations
+
+from flask import Flask, request
+
+from api.errors import ApiError
+
+
+def init_request_guard(app: Flask) -> None:
+    app.before_request(_one_value_per_query_parameter)
+
+
+def _one_value_per_query_parameter() -> None:
+    for name, values in request.args.lists():
+        if len(values) > 1:
+            raise ApiError(400, "invalid_request", f"{name[:64]}: expected one value, found {len(values)}")

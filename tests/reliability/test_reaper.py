@@ -1,0 +1,63 @@
+"""The reaper (worker/reaper.py) and lease fencing (worker/lease.py): jobs that lost their message are re-sent, and a
+worker that comes back after its lease lapsed can neither finish nor clobber the job it used to hold."""
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+
+from worker import jobs
+
+from .conftest import completed_events, post_job, wait_all_finished
+
+
+def test_a_queued_job_without_a_message_is_resent(stack_factory):
+    """A queued record whose Celery message never reached the broker (API killed between the two writes, or a message
+    lost in Redis's AOF fsync window) is re-sent by a worker's reaper after the grace period and completes once."""
+    stack = stack_factory()
+    stack.start_api()
+    r = stack.redis.client()
+    spec = jobs.JobSpec(prompt="a clock ticks in an empty hall", seconds=4.0, width=128, height=32, seed=3)
+    record = jobs.create_job(r, spec)  # the record only: no message is sent
+    stack.start_worker("reaper")
+    assert wait_all_finished(r, [record["id"]], timeout_s=120) == {record["id"]: "completed"}
+    runs = r.hgetall(f"h3b:runs:{record['id']}")
+    assert runs["resent"] == "1" and runs["started"] == runs["rendered"] == "1"
+    assert completed_events(r, record["id"]) == 1
+
+
+def test_a_frozen_worker_cannot_finish_or_clobber_a_requeued_job(stack_factory):
+    """A worker frozen mid-render (SIGSTOP: as cut off from Redis) loses its lease; another worker's reaper requeues
+    the job, which completes there as attempt 2. Resumed, the stale worker stops at its next step without writing:
+    one `completed` event, one finished render, and the MP4 on disk is attempt 2's (its SHA-256 matches)."""
+    stack = stack_factory()
+    api = stack.start_api()
+    r = stack.redis.client()
+    slow = {"H3BATCH_DEBUG_STEP_DELAY_S": "0.2"}
+    workers = {w.name: w for w in (stack.start_worker("left", **slow), stack.start_worker("right", **slow))}
+    job_id = post_job(api.base)["id"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        holder, stage, step = r.hmget(f"h3b:job:{job_id}", ["worker", "stage", "step"])
+        if stage == "denoise" and int(step or 0) >= 1:
+            break
+        time.sleep(0.01)
+    frozen = workers[holder]
+    os.killpg(frozen.proc.pid, signal.SIGSTOP)
+    try:
+        statuses = wait_all_finished(r, [job_id], timeout_s=120)
+    finally:
+        os.killpg(frozen.proc.pid, signal.SIGCONT)
+    record = r.hgetall(f"h3b:job:{job_id}")
+    assert statuses[job_id] == "completed" and record["attempt"] == "2" and record["worker"] != frozen.name
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "render cancelled" not in frozen.log_text():
+        time.sleep(0.2)
+    assert "render cancelled" in frozen.log_text(), frozen.log_text()[-2000:]
+    runs = r.hgetall(f"h3b:runs:{job_id}")
+    assert runs["started"] == "2" and runs["rendered"] == "1" and runs["requeues"] == "1"
+    assert completed_events(r, job_id) == 1 and r.hget(f"h3b:job:{job_id}", "status") == "completed"
+    video = stack.artifacts / job_id / "video.mp4"
+    assert sorted(p.name for p in video.parent.iterdir()) == ["video.mp4"]
+    assert hashlib.sha256(video.read_bytes()).hexdigest() == record["sha256"]
