@@ -457,10 +457,10 @@ def _openapi_paths() -> dict[str, Any]:
     create_fields = {"type": "object", "required": ["prompt"], "properties": {
         "prompt": {"type": "string"}, "model": {"type": "string", "enum": [DEFAULT_MODEL_ID]},
         "seconds": {"type": "string", "description": "4..15, decimal string"},
-        "size": {"type": "string", "pattern": "^[0-9]+x[0-9]+$"}, "seed": {"type": "integer", "minimum": 0},
+        "size": {"type": ["string", "null"], "pattern": "^[0-9]+x[0-9]+$"}, "seed": {"type": "integer", "minimum": 0},
         "num_inference_steps": {"type": "integer", "enum": [8]}, "guidance_scale": {"type": "number"},
         "flow_shift": {"type": "number"}, "width": {"type": "integer"}, "height": {"type": "integer"},
-        "num_frames": {"type": "integer"}, "fps": {"type": "integer", "enum": [FPS]}, "user": {"type": "string"},
+        "num_frames": {"type": "integer"}, "fps": {"type": "integer", "enum": [FPS]}, "user": {"type": ["string", "null"]},
         "webhook_url": {"type": "string", "format": "uri"}, "release": {"type": "string"}}}
     common = {"401": error("Missing or bad API key"), "429": error("Over the key's rate limit"),
               "503": error("Redis or queue full")}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, common_args, start_server_process, stop_process
+from conftest import REPO_ROOT, common_args, start_server_process, stop_process, write_wav
 from loadrunner.config import parse_config
 
 BASE = ["--model", "m", "--input-wav", "x.wav", "--sessions", "2"]
@@ -133,7 +133,6 @@ def test_lifecycle_exit_status(tmp_path, slots, status):
     """Lifecycle mode exits 0 on a 2-slot server; on a 3-slot server the N+1 probe times out and it exits 1."""
     import numpy as np
 
-    from conftest import write_wav
     t = np.arange(5 * 1920) / 24000
     wav = write_wav(tmp_path / "tone.wav", np.round(0.3 * np.sin(2 * np.pi * 220 * t) * 32767))
     proc, url = start_server_process(["--port", "0", "--max-sessions", str(slots)], via_h3batch=True)
