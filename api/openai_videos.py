@@ -458,9 +458,9 @@ def _openapi_paths() -> dict[str, Any]:
         "prompt": {"type": "string"}, "model": {"type": "string", "enum": [DEFAULT_MODEL_ID]},
         "seconds": {"type": "string", "description": "4..15, decimal string"},
         "size": {"type": ["string", "null"], "pattern": "^[0-9]+x[0-9]+$"}, "seed": {"type": "integer", "minimum": 0},
-        "num_inference_steps": {"type": "integer", "enum": [8]}, "guidance_scale": {"type": "number"},
-        "flow_shift": {"type": "number"}, "width": {"type": "integer"}, "height": {"type": "integer"},
-        "num_frames": {"type": "integer"}, "fps": {"type": "integer", "enum": [FPS]}, "user": {"type": ["string", "null"]},
+        "num_inference_steps": {"type": "integer", "enum": [8]}, "guidance_scale": {"type": ["number", "null"]},
+        "flow_shift": {"type": ["number", "null"]}, "width": {"type": ["integer", "null"]}, "height": {"type": ["integer", "null"]},
+        "num_frames": {"type": ["integer", "null"]}, "fps": {"type": "integer", "enum": [FPS]}, "user": {"type": ["string", "null"]},
         "webhook_url": {"type": "string", "format": "uri"}, "release": {"type": "string"}}}
     common = {"401": error("Missing or bad API key"), "429": error("Over the key's rate limit"),
               "503": error("Redis or queue full")}
