@@ -9,7 +9,7 @@ from typing import Any
 
 from flask import Flask, g, request
 
-from worker.settings import Settings
+from h3batch.settings import Settings
 
 log = logging.getLogger("h3batch.api")
 
@@ -29,15 +29,26 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         MAX_RUN_S=settings.max_run_s,
         RESULT_TTL_S=settings.result_ttl_s,
     )
-    from worker import defaults  # noqa: PLC0415
+    from h3batch.core import defaults  # noqa: PLC0415
 
     app.config["MAX_CONTENT_LENGTH"] = defaults.MAX_BODY_BYTES
     if config:
         app.config.update(config)
     app.json.sort_keys = False  # type: ignore[attr-defined]  # keep fields in model order
 
-    from api import auth, errors, health, jobs, openapi, ratelimit, request_guard, sweeps  # noqa: PLC0415
-    from api import events, openai_videos, web  # noqa: PLC0415
+    from h3batch.api import (  # noqa: PLC0415  # noqa: PLC0415
+        auth,
+        errors,
+        events,
+        health,
+        jobs,
+        openai_videos,
+        openapi,
+        ratelimit,
+        request_guard,
+        sweeps,
+        web,
+    )
 
     app.before_request(_start_request)
     errors.register_error_handlers(app)

@@ -13,7 +13,7 @@ import logging
 
 from flask import Flask, g, request
 
-from api.errors import ApiError
+from h3batch.api.errors import ApiError
 
 log = logging.getLogger("h3batch.api")
 

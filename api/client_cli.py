@@ -19,6 +19,8 @@ from pathlib import Path
 
 import requests
 
+from h3batch.cli_args import OneLineArgumentParser
+
 TERMINAL = ("completed", "failed", "cancelled", "expired")
 DEFAULT_API = "http://127.0.0.1:8000"
 
@@ -28,7 +30,7 @@ class CliError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="h3batch submit", description="Submit a prompt to an h3batch API.")
+    parser = OneLineArgumentParser(prog="h3batch submit", description="Submit a prompt to an h3batch API.")
     parser.add_argument("prompt", help="what the clip shows and sounds like")
     parser.add_argument("--seconds", type=float, default=None, help="clip length, 4-15 s (server default 4)")
     parser.add_argument("--width", type=int, default=None, help="canvas width, multiple of 32 (server default)")
@@ -42,12 +44,6 @@ def _parser() -> argparse.ArgumentParser:
                         help="Bearer key (env H3BATCH_API_KEY)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="give up waiting after this many seconds")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (still prints the outcome)")
-
-    def one_line_error(message: str) -> None:
-        print(f"h3batch submit: {message}", file=sys.stderr)
-        sys.exit(2)
-
-    parser.error = one_line_error  # type: ignore[method-assign]
     return parser
 
 

@@ -1,6 +1,6 @@
 """Send a render message for a job id (the only thing a message carries: prompts never reach the broker).
 
-The Celery app is built on first use per Flask app and sends by task name, so the API never imports worker.tasks
+The Celery app is built on first use per Flask app and sends by task name, so the API never imports h3batch.worker.tasks
 (or torch).
 """
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from celery import Celery
 from flask import current_app
 
-from worker import defaults
-from worker.celery_app import make_celery
+from h3batch.core import defaults
+from h3batch.core.celery_app import make_celery
 
 _EXTENSION_KEY = "h3batch.celery"
 

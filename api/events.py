@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 
 from flask import Flask, current_app, g, request
 
-from api.errors import ApiError
+from h3batch.api.errors import ApiError
 
 EVENTS_ENDPOINT = "jobs.events"
 _SLOTS_KEY = "h3batch.sse_slots"

@@ -7,8 +7,8 @@ import time
 import redis
 from flask import Blueprint, jsonify
 
-from api.redis_client import get_redis
-from worker import defaults, keys
+from h3batch.api.redis_client import get_redis
+from h3batch.core import defaults, keys
 
 bp = Blueprint("health", __name__)
 

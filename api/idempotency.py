@@ -16,8 +16,8 @@ from typing import Any
 
 import redis
 
-from api.errors import ApiError
-from worker import keys
+from h3batch.api.errors import ApiError
+from h3batch.core import keys
 
 TTL_S = 86_400
 """How long a key remembers its job."""

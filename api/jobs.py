@@ -12,16 +12,30 @@ from typing import Any
 from flask import Blueprint, Response, current_app, g, jsonify, request, send_file, stream_with_context
 from pydantic import ValidationError
 
-from api import idempotency
-from api.enqueue import enqueue_render
-from api.errors import ApiError
-from api.redis_client import get_redis
-from api.schemas import CreateJob, job_view
-from api.webhook_check import vet_webhook_url
-from api.wait import wait_for_finish
-from worker import defaults, keys
-from worker.jobs import (FINISHED, TERMINAL_EVENTS, BadCursor, JobSpec, JobStatus, create_job, delete_job,
-                         list_jobs, load_job, queue_position, queued_count, random_seed, request_cancel, transition)
+from h3batch.api import idempotency
+from h3batch.api.enqueue import enqueue_render
+from h3batch.api.errors import ApiError
+from h3batch.api.redis_client import get_redis
+from h3batch.api.schemas import CreateJob, job_view
+from h3batch.api.wait import wait_for_finish
+from h3batch.api.webhook_check import vet_webhook_url
+from h3batch.core import defaults, keys
+from h3batch.core.jobs import (
+    FINISHED,
+    TERMINAL_EVENTS,
+    BadCursor,
+    JobSpec,
+    JobStatus,
+    create_job,
+    delete_job,
+    list_jobs,
+    load_job,
+    queue_position,
+    queued_count,
+    random_seed,
+    request_cancel,
+    transition,
+)
 
 log = logging.getLogger("h3batch.api")
 bp = Blueprint("jobs", __name__)

@@ -16,21 +16,18 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Mapping
-
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 from flask import Blueprint, current_app, g, jsonify, request, send_file
 from pydantic import BaseModel, Field, ValidationError
 
-from api import idempotency, media
-from api.errors import ApiError
-from api.redis_client import get_redis
-from api.schemas import CreateJob
-from worker import defaults
-from worker.h3 import request_rules
-from worker.h3.geometry import FPS, GeometryError, RequestGeometry
-from worker.jobs import FINISHED, JobStatus, delete_job, list_jobs, load_job, queue_position
+from h3batch.api import idempotency, media
+from h3batch.api.errors import ApiError
+from h3batch.api.redis_client import get_redis
+from h3batch.api.schemas import CreateJob
+from h3batch.core import defaults, request_rules
+from h3batch.core.geometry import FPS, GeometryError, RequestGeometry
+from h3batch.core.jobs import FINISHED, JobStatus, delete_job, list_jobs, load_job, queue_position
 
 log = logging.getLogger("h3batch.api")
 bp = Blueprint("openai_videos", __name__, url_prefix="/v1")
@@ -313,7 +310,7 @@ def _respond(record: dict[str, Any], status: int = 200):
 
 
 def _get_owned(video_id: str) -> dict[str, Any]:
-    from api.jobs import _expire_if_due  # noqa: PLC0415  (lazy expiry lives with the native view)
+    from h3batch.api.jobs import _expire_if_due  # noqa: PLC0415  (lazy expiry lives with the native view)
 
     g.job_id = video_id
     record = load_job(get_redis(), video_id)
@@ -328,7 +325,7 @@ def _get_owned(video_id: str) -> dict[str, Any]:
 def create_video():
     """Create a video job (JSON or multipart). 202 video object; 400 unsupported_parameter / model_not_found /
     unsupported_size / unsupported_duration; 422 invalid_webhook_url; 503 queue_full."""
-    from api.jobs import _create_and_enqueue  # noqa: PLC0415  (the one create path: record, then message)
+    from h3batch.api.jobs import _create_and_enqueue  # noqa: PLC0415  (the one create path: record, then message)
 
     req = _validated(parse_create(_raw_fields()))
     r = get_redis()
@@ -379,7 +376,7 @@ def list_videos():
         cursor = load_job(r, after)
         if cursor is None or (cursor.get("owner") or "") != g.owner:
             raise ApiError(400, "invalid_cursor", f"after: expected the id of one of your videos, found {after!r}")
-    from worker.jobs import BadCursor  # noqa: PLC0415
+    from h3batch.core.jobs import BadCursor  # noqa: PLC0415
 
     try:
         records, has_more = list_jobs(r, limit=int(raw_limit), after=after, order=order, owner=g.owner)

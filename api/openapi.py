@@ -10,7 +10,7 @@ from typing import Any
 from flask import Blueprint, current_app, jsonify
 from pydantic.json_schema import models_json_schema
 
-from api import schemas
+from h3batch.api import schemas
 
 bp = Blueprint("openapi", __name__)
 
@@ -117,11 +117,11 @@ def build_document() -> dict[str, Any]:
     models = [(schemas.CreateJob, "validation"), (schemas.Job, "serialization"), (schemas.JobList, "serialization"),
               (schemas.ErrorBody, "serialization")]
     _, top = models_json_schema(models, ref_template=_REF)
-    from api import sweeps  # noqa: PLC0415
+    from h3batch.api import sweeps  # noqa: PLC0415
 
     paths = _paths()
     paths.update(getattr(sweeps, "OPENAPI_PATHS", {}))  # optional: the sweeps room documents its own routes
-    from api import openai_videos  # noqa: PLC0415
+    from h3batch.api import openai_videos  # noqa: PLC0415
 
     paths.update(openai_videos.OPENAPI_PATHS)  # /v1/videos (OpenAI-compatible view)
     doc: dict[str, Any] = {

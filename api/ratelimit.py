@@ -24,11 +24,11 @@ from typing import Mapping
 
 from flask import Flask, current_app, g, request
 
-from api.auth import OPEN_PATHS
-from api.errors import ApiError
-from api.redis_client import get_redis
-from worker import keys
-from worker.exceptions import ConfigError
+from h3batch.api.auth import OPEN_PATHS
+from h3batch.api.errors import ApiError
+from h3batch.api.redis_client import get_redis
+from h3batch.core import keys
+from h3batch.core.exceptions import ConfigError
 
 log = logging.getLogger("h3batch.api")
 

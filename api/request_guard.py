@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from flask import Flask, request
 
-from api.errors import ApiError
+from h3batch.api.errors import ApiError
 
 
 def init_request_guard(app: Flask) -> None:

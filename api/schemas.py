@@ -9,8 +9,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from worker import defaults
-from worker.h3.geometry import GeometryError, RequestGeometry
+from h3batch.core import defaults
+from h3batch.core.geometry import GeometryError, RequestGeometry
 
 StatusName = Literal["queued", "in_progress", "completed", "failed", "cancelled", "expired"]
 StageName = Literal["queued", "text_encode", "denoise", "decode", "mux", "finalize"]
@@ -28,7 +28,7 @@ class CreateJob(BaseModel):
     # minLength/pattern/maxLength document the checks `_prompt_ok` makes (it words the errors better than pydantic).
     prompt: str = Field(description="What the clip shows and sounds like; not empty.",
                         json_schema_extra={"minLength": 1, "maxLength": defaults.MAX_PROMPT_CHARS, "pattern": r"\S"})
-    # The geometry limits are checked by worker.h3.geometry (errors unsupported_size / unsupported_duration); the
+    # The geometry limits are checked by h3batch.core.geometry (errors unsupported_size / unsupported_duration); the
     # schema keywords below only document them (the aspect rule has no JSON Schema keyword).
     seconds: float = Field(defaults.DEFAULT_SECONDS, description="Clip length, 4 to 15 s.",
                            json_schema_extra={"minimum": 4, "maximum": 15})

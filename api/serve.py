@@ -10,23 +10,18 @@ import argparse
 import os
 import sys
 
-from worker.exceptions import ConfigError
-from worker.settings import Settings, check_artifacts_dir, check_redis, configure_logging
+from h3batch.cli_args import OneLineArgumentParser
+from h3batch.core.exceptions import ConfigError
+from h3batch.settings import Settings, check_artifacts_dir, check_redis, configure_logging
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="h3batch api", description="Run the h3batch job API.")
+    parser = OneLineArgumentParser(prog="h3batch api", description="Run the h3batch job API.")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 in containers)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
     parser.add_argument("--workers", type=int, default=1, help="gunicorn worker processes (default 1)")
     parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn worker (default 8)")
     parser.add_argument("--dev", action="store_true", help="Flask development server instead of gunicorn")
-
-    def one_line_error(message: str) -> None:
-        print(f"h3batch api: {message}", file=sys.stderr)
-        sys.exit(2)
-
-    parser.error = one_line_error  # type: ignore[method-assign]
     return parser
 
 
@@ -34,7 +29,7 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         settings = Settings.from_env()
-        from api.ratelimit import RateLimits  # noqa: PLC0415
+        from h3batch.api.ratelimit import RateLimits  # noqa: PLC0415
 
         RateLimits.from_env()  # H3BATCH_RATE_*: a bad value is one line here, not a crash in every gunicorn worker
         check_redis(settings.redis_url)
@@ -47,7 +42,7 @@ def main(argv: list[str]) -> int:
         return 2
     if args.dev:
         configure_logging(settings)
-        from api import create_app  # noqa: PLC0415
+        from h3batch.api import create_app  # noqa: PLC0415
 
         create_app().run(host=args.host, port=args.port, threaded=True, use_reloader=False)
         return 0
@@ -57,6 +52,6 @@ def main(argv: list[str]) -> int:
                 "--timeout", "90", "--graceful-timeout", "10", "--keep-alive", "5",
                 # gunicorn's largest request line (default 4094): longer URLs get the app's JSON errors up to 8 KiB.
                 "--limit-request-line", "8190",
-                "--log-level", "warning", "api.wsgi:app"]
+                "--log-level", "warning", "h3batch.api.wsgi:app"]
     os.execv(sys.executable, gunicorn)
     return 0  # not reached

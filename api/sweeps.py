@@ -11,11 +11,11 @@ from pathlib import Path
 
 from flask import Blueprint, current_app, jsonify, request, send_from_directory, url_for
 
-from api.errors import ApiError
-from api.redis_client import get_redis
-from loadrunner import sweep_store
-from loadrunner.sweep_settings import DEFAULT_QUEUE, DEFAULT_RESULTS_DIR, SweepSettings
-from loadrunner.sweep_spec import new_sweep_id, parse_sweep_request, points
+from h3batch.api.errors import ApiError
+from h3batch.api.redis_client import get_redis
+from h3batch.loadrunner import sweep_store
+from h3batch.loadrunner.sweep_settings import DEFAULT_QUEUE, DEFAULT_RESULTS_DIR, SweepSettings
+from h3batch.loadrunner.sweep_spec import new_sweep_id, parse_sweep_request, points
 
 bp = Blueprint("sweeps", __name__, url_prefix="/sweeps")
 
@@ -37,7 +37,7 @@ def _celery():
     """A client-only sweep Celery app on the API's Redis URL, made on first use and kept on the app."""
     client = current_app.extensions.get(_CELERY_KEY)
     if client is None:
-        from loadrunner.celery_app import make_app  # noqa: PLC0415
+        from h3batch.loadrunner.celery_app import make_app  # noqa: PLC0415
 
         client = make_app(SweepSettings(redis_url=current_app.config["REDIS_URL"], queue=_queue()))
         current_app.extensions[_CELERY_KEY] = client

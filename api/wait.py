@@ -10,8 +10,8 @@ from typing import Any
 
 import redis
 
-from worker import keys
-from worker.jobs import FINISHED, JobStatus, load_job
+from h3batch.core import keys
+from h3batch.core.jobs import FINISHED, JobStatus, load_job
 
 
 def wait_for_finish(r: redis.Redis, job_id: str, timeout_s: float) -> dict[str, Any] | None:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from flask import Blueprint, render_template
 
-from worker import defaults
-from worker.h3 import geometry
+from h3batch.core import defaults, geometry
 
 bp = Blueprint("web", __name__)
 

@@ -1,10 +1,10 @@
-"""WSGI entry for gunicorn: `gunicorn api.wsgi:app` (configuration from H3BATCH_* env vars)."""
+"""WSGI entry for gunicorn: `gunicorn h3batch.api.wsgi:app` (configuration from H3BATCH_* env vars)."""
 from __future__ import annotations
 
 import logging
 
-from api import create_app
-from worker.settings import Settings, configure_logging
+from h3batch.api import create_app
+from h3batch.settings import Settings, configure_logging
 
 configure_logging(Settings.from_env())
 logging.getLogger("h3batch.api").info("api starting")

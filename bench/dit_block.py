@@ -36,10 +36,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worker.h3 import vsa as vsa_module  # noqa: E402
-from worker.h3 import vsa_cuda  # noqa: E402
-from worker.h3.geometry import RequestGeometry  # noqa: E402
-from worker.h3.packing import build_packed_layout  # noqa: E402
+from h3batch.core.geometry import RequestGeometry  # noqa: E402
+from h3batch.worker.h3 import vsa as vsa_module  # noqa: E402
+from h3batch.worker.h3 import vsa_cuda  # noqa: E402
+from h3batch.worker.h3.packing import build_packed_layout  # noqa: E402
 
 TEXT_ROWS = 128
 WIDTH, HEIGHT, SECONDS = 1344, 768, 4.4
@@ -304,7 +304,7 @@ def _profile_top(fn, path: Path, top: int = 15) -> list[dict]:
 
 
 def _with_eager_glue(native, fn):
-    """fn() with worker.h3.model's fused QK-norm + RoPE and SwiGLU ops forced onto their eager torch paths."""
+    """fn() with h3batch.worker.h3.model's fused QK-norm + RoPE and SwiGLU ops forced onto their eager torch paths."""
     fused_ops = native.qk_norm_rope, native.swiglu
     native.qk_norm_rope = functools.partial(fused_ops[0], backend="torch")
     native.swiglu = functools.partial(fused_ops[1], backend="torch")
@@ -316,8 +316,8 @@ def _with_eager_glue(native, fn):
 
 def part_glue(res: dict, rows: int, dump) -> None:
     """Fused QK-norm + RoPE and SwiGLU alone at the block's shapes vs eager torch: time, bandwidth, mismatches."""
-    from kernels import qk_norm_rope, swiglu
-    from worker.h3.config import H3Config
+    from h3batch.kernels import qk_norm_rope, swiglu
+    from h3batch.worker.h3.config import H3Config
 
     cfg = H3Config()
     heads, hd, width, ffn = cfg.num_attention_heads, cfg.attention_head_dim, cfg.rotary_dim, cfg.ffn_hidden_size
@@ -356,8 +356,8 @@ def part_glue(res: dict, rows: int, dump) -> None:
 
 def part_block(res: dict, layout, plan, out_dir: Path, dump) -> None:
     """(a) diffusers eager dense, (b) native dense, (c) native VSA 0.8 + kernels/ modulation; memory; profile."""
-    from worker.h3 import model as native
-    from worker.h3.config import H3Config
+    from h3batch.worker.h3 import model as native
+    from h3batch.worker.h3.config import H3Config
 
     cfg = H3Config(vsa_gates=True)
     rows, hidden, inner, ffn = layout.sequence_length, cfg.hidden_size, cfg.inner_dim, cfg.ffn_hidden_size
@@ -432,9 +432,9 @@ def part_block(res: dict, layout, plan, out_dir: Path, dump) -> None:
             blk["a_output_rms"] = dout.float().pow(2).mean().sqrt().item()
             del nout, dout
 
-    # (c) native VSA 0.8: the DiT imports worker.h3.vsa.vsa_attention at call time; point it at the CUDA path for
+    # (c) native VSA 0.8: the DiT imports h3batch.worker.h3.vsa.vsa_attention at call time; point it at the CUDA path for
     # the run (a no-op in effect once vsa.vsa_attention dispatches CUDA tensors there itself).
-    blk["vsa_dispatch"] = "bench routes worker.h3.vsa.vsa_attention to vsa_cuda.vsa_attention_cuda"
+    blk["vsa_dispatch"] = "bench routes h3batch.worker.h3.vsa.vsa_attention to vsa_cuda.vsa_attention_cuda"
     original = vsa_module.vsa_attention
     vsa_module.vsa_attention = vsa_cuda.vsa_attention_cuda
     try:

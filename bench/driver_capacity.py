@@ -1,7 +1,7 @@
 """How many concurrent paced sessions one driver process holds with p99 send lateness under 5 ms.
 
 Starts the reference server (`realtime` mode, echo, 64 slots) in its own process, then for each session count runs
-the driver in a fresh process (`python -m loadrunner.duplex --sessions N`, `--repetitions` times) and reads its
+the driver in a fresh process (`python -m h3batch.loadrunner.duplex --sessions N`, `--repetitions` times) and reads its
 load-result.json. The number that matters: the worst session's p99 send lateness (ms) per N (median over the
 repetitions), and the largest N up to which it stays under the 5 ms goal. Also reported: the typical lateness of the
 latest session in a frame (median over frames), which shows the driver's own per-session cost without the rare
@@ -41,7 +41,7 @@ def write_input(path: Path, seconds: float) -> None:
 
 
 def start_server(max_sessions: int) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "loadrunner.server", "--mode", "realtime", "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "h3batch.loadrunner.server", "--mode", "realtime", "--port", "0",
                              "--max-sessions", str(max_sessions)], stdout=subprocess.PIPE, text=True, cwd=REPO)
     line = proc.stdout.readline()
     if "listening on " not in line:
@@ -52,7 +52,7 @@ def start_server(max_sessions: int) -> tuple[subprocess.Popen, str]:
 
 def run_point(url: str, wav: Path, out: Path, sessions: int, frames: int) -> dict:
     began = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "loadrunner.duplex", "--url", url, "--model", "bench",
+    result = subprocess.run([sys.executable, "-m", "h3batch.loadrunner.duplex", "--url", url, "--model", "bench",
                              "--input-wav", str(wav), "--output-dir", str(out), "--sessions", str(sessions),
                              "--load-frames", str(frames), "--tail-s", "0", "--drain-s", "1.0",
                              "--timeout-s", "30", "--cleanup-timeout-s", "5"],

@@ -29,9 +29,9 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout (no install needed)
 
-import kernels  # noqa: E402
-from kernels import gate, gate_rms_norm_scale_shift, rms_norm_scale_shift, scale_shift  # noqa: E402
-from kernels.modulation_common import block_config, resolve_precision  # noqa: E402
+import h3batch.kernels  # noqa: E402
+from h3batch.kernels import gate, gate_rms_norm_scale_shift, rms_norm_scale_shift, scale_shift  # noqa: E402
+from h3batch.kernels.modulation_common import block_config, resolve_precision  # noqa: E402
 
 EPS = 1e-6
 

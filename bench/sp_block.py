@@ -26,11 +26,11 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worker.h3.config import T2, H3Config  # noqa: E402
-from worker.h3.geometry import RequestGeometry  # noqa: E402
-from worker.h3.model import DiTBlock, RotaryEmbedding  # noqa: E402
-from worker.h3.packing import build_packed_layout  # noqa: E402
-from worker.h3.parallel import RowShard, SequenceParallel, parallelize_attention  # noqa: E402
+from h3batch.core.geometry import RequestGeometry  # noqa: E402
+from h3batch.worker.h3.config import T2, H3Config  # noqa: E402
+from h3batch.worker.h3.model import DiTBlock, RotaryEmbedding  # noqa: E402
+from h3batch.worker.h3.packing import build_packed_layout  # noqa: E402
+from h3batch.worker.h3.parallel import RowShard, SequenceParallel, parallelize_attention  # noqa: E402
 
 TEXT_ROWS = 128
 WIDTH, HEIGHT, SECONDS = 1344, 768, 4.4

@@ -7,15 +7,17 @@ WORKDIR /app
 COPY docker/requirements-api.txt /tmp/requirements-api.txt
 RUN pip install -r /tmp/requirements-api.txt
 
-# The project's code without its model dependencies (--no-deps): api/ imports only worker.{settings,jobs,keys,...}
+# The project's code without its model dependencies (--no-deps): api/ imports only h3batch.core and h3batch.settings
 # and the pure-Python geometry rules.
-COPY pyproject.toml README.md h3batch_cli.py ./
+COPY pyproject.toml README.md ./
+COPY h3batch ./h3batch
+COPY core ./core
 COPY api ./api
 COPY worker ./worker
 COPY kernels ./kernels
 COPY loadrunner ./loadrunner
 RUN pip install --no-deps . \
-    && python -c "import sys, api; api.create_app(); assert 'torch' not in sys.modules"
+    && python -c "import sys, h3batch.api; h3batch.api.create_app(); assert 'torch' not in sys.modules"
 
 RUN useradd --uid 10001 --no-create-home h3batch && mkdir -p /artifacts && chown h3batch /artifacts
 USER h3batch

@@ -10,13 +10,15 @@ RUN pip install "celery[redis]>=5.5,<6" "redis>=5" "websockets>=15" "numpy>=2.0"
 
 # setuptools packages every listed package, so all four directories are copied; only loadrunner/ and the CLI
 # router run here.
-COPY pyproject.toml README.md h3batch_cli.py ./
+COPY pyproject.toml README.md ./
+COPY h3batch ./h3batch
+COPY core ./core
 COPY api ./api
 COPY worker ./worker
 COPY kernels ./kernels
 COPY loadrunner ./loadrunner
 RUN pip install --no-deps . \
-    && python -c "import sys, loadrunner.sweep_tasks, loadrunner.server, loadrunner.beat, loadrunner.duplex; \
+    && python -c "import sys, h3batch.loadrunner.sweep_tasks, h3batch.loadrunner.server, h3batch.loadrunner.beat, h3batch.loadrunner.duplex; \
 assert 'torch' not in sys.modules, 'the load-runner image must not import torch'"
 
 # Same uid as the API image, so both can write the shared `artifacts` volume (sweeps live in /artifacts/sweeps).

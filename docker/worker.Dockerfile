@@ -12,7 +12,9 @@ WORKDIR /app
 # torch from the CUDA 12.8 wheel index first, so the project's `torch==2.13.0` pin is already satisfied.
 RUN pip install --upgrade pip \
     && pip install torch==2.13.0 triton==3.9.0 --index-url https://download.pytorch.org/whl/cu128
-COPY pyproject.toml README.md h3batch_cli.py ./
+COPY pyproject.toml README.md ./
+COPY h3batch ./h3batch
+COPY core ./core
 COPY api ./api
 COPY worker ./worker
 COPY kernels ./kernels

@@ -8,13 +8,13 @@ Every modulation op takes `precision=None | "generic" | "sm90_bf16_affine"`; eve
 Written here rather than reused: the public implementation (vllm-omni's `indexed_modulation.py`) imports vLLM, and
 rounds with in-kernel bf16 casts that the Triton interpreter gets wrong, so its Hopper path cannot be tested on CPU.
 """
-from kernels.gate import indexed_gate
-from kernels.gate_rms_norm_scale_shift import indexed_gate_rms_norm_scale_shift
-from kernels.modulation_common import Backend, Precision, is_sm90_device
-from kernels.qk_norm_rope import qk_norm_rope
-from kernels.rms_norm_scale_shift import rms_norm_indexed_scale_shift
-from kernels.scale_shift import indexed_scale_shift_
-from kernels.swiglu import swiglu
+from h3batch.kernels.gate import indexed_gate
+from h3batch.kernels.gate_rms_norm_scale_shift import indexed_gate_rms_norm_scale_shift
+from h3batch.kernels.modulation_common import Backend, Precision, is_sm90_device
+from h3batch.kernels.qk_norm_rope import qk_norm_rope
+from h3batch.kernels.rms_norm_scale_shift import rms_norm_indexed_scale_shift
+from h3batch.kernels.scale_shift import indexed_scale_shift_
+from h3batch.kernels.swiglu import swiglu
 
 __all__ = [
     "Backend",

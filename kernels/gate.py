@@ -10,11 +10,20 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.modulation_common import (
-    Backend, Precision, block_config, check_activation, check_indices, check_table, is_interpreted, launch_plan,
-    resolve_backend, resolve_precision, rows_of,
+from h3batch.kernels.modulation_common import (
+    Backend,
+    Precision,
+    block_config,
+    check_activation,
+    check_indices,
+    check_table,
+    is_interpreted,
+    launch_plan,
+    resolve_backend,
+    resolve_precision,
+    rows_of,
 )
-from kernels.triton_math import round_to_bf16
+from h3batch.kernels.triton_math import round_to_bf16
 
 
 @triton.jit

@@ -14,11 +14,24 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.modulation_common import (
-    Backend, Precision, block_config, check_activation, check_eps, check_indices, check_table, check_weight,
-    is_interpreted, launch_plan, reference_rms_modulate, resolve_backend, resolve_precision, round_bf16, rows_of,
+from h3batch.kernels.modulation_common import (
+    Backend,
+    Precision,
+    block_config,
+    check_activation,
+    check_eps,
+    check_indices,
+    check_table,
+    check_weight,
+    is_interpreted,
+    launch_plan,
+    reference_rms_modulate,
+    resolve_backend,
+    resolve_precision,
+    round_bf16,
+    rows_of,
 )
-from kernels.triton_math import normalize_modulate, round_to_bf16
+from h3batch.kernels.triton_math import normalize_modulate, round_to_bf16
 
 
 @triton.jit

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.modulation_common import Backend, is_interpreted, launch_plan, resolve_backend
-from kernels.triton_math import round_to_bf16
+from h3batch.kernels.modulation_common import Backend, is_interpreted, launch_plan, resolve_backend
+from h3batch.kernels.triton_math import round_to_bf16
 
 MAX_ELEMENTS_PER_PROGRAM = 1024
 """Heads per program are chosen so one program holds at most this many channels (8 heads of 128 for H3)."""

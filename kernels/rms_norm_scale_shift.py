@@ -1,7 +1,7 @@
 """rms_norm_indexed_scale_shift: `out[r] = RMSNorm_w(x[r]) * (1 + scale[i]) + shift[i]`, `i = indices[r]`.
 
 Spec h3-model.md §5.1 (used at §4.3 step 6.2). Private Triton kernel, launcher, torch reference, and the public
-dispatching function; precision modes are described in `kernels.modulation_common`.
+dispatching function; precision modes are described in `h3batch.kernels.modulation_common`.
 """
 from __future__ import annotations
 
@@ -9,11 +9,23 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.modulation_common import (
-    Backend, Precision, block_config, check_activation, check_eps, check_indices, check_table, check_weight,
-    is_interpreted, launch_plan, reference_rms_modulate, resolve_backend, resolve_precision, rows_of,
+from h3batch.kernels.modulation_common import (
+    Backend,
+    Precision,
+    block_config,
+    check_activation,
+    check_eps,
+    check_indices,
+    check_table,
+    check_weight,
+    is_interpreted,
+    launch_plan,
+    reference_rms_modulate,
+    resolve_backend,
+    resolve_precision,
+    rows_of,
 )
-from kernels.triton_math import normalize_modulate, round_to_bf16, row_rstd
+from h3batch.kernels.triton_math import normalize_modulate, round_to_bf16, row_rstd
 
 
 @triton.jit

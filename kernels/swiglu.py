@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from kernels.modulation_common import Backend, is_interpreted, launch_plan, resolve_backend
-from kernels.triton_math import round_to_bf16
+from h3batch.kernels.modulation_common import Backend, is_interpreted, launch_plan, resolve_backend
+from h3batch.kernels.triton_math import round_to_bf16
 
 BLOCK_COLUMNS = 1024
 """Output columns per program: 8 bf16 per thread (16-byte loads) at 4 warps."""

@@ -11,8 +11,8 @@ from enum import Enum
 
 import numpy as np
 
-from loadrunner.audio import FRAME_SAMPLES
-from loadrunner.packets import check_packet, is_audio_event
+from h3batch.loadrunner.audio import FRAME_SAMPLES
+from h3batch.loadrunner.packets import check_packet, is_audio_event
 
 
 class AcceptanceCode(str, Enum):

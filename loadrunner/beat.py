@@ -18,11 +18,11 @@ import uuid
 
 import redis
 
-from loadrunner.sweep_settings import SweepConfigError, SweepSettings
-from loadrunner.sweep_spec import parse_sweep_request
-from loadrunner.sweep_store import BEAT_LOCK_KEY
+from h3batch.loadrunner.sweep_settings import SweepConfigError, SweepSettings
+from h3batch.loadrunner.sweep_spec import parse_sweep_request
+from h3batch.loadrunner.sweep_store import BEAT_LOCK_KEY
 
-logger = logging.getLogger("loadrunner.beat")
+logger = logging.getLogger("h3batch.loadrunner.beat")
 
 # Compare-and-act scripts: only the holder's token may extend or delete the lock.
 _RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('expire', KEYS[1], ARGV[2]) end return 0"
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     threading.Thread(target=_keep_renewing, args=(lock, stop), name="beat-lock", daemon=True).start()
     try:
-        from loadrunner.celery_app import START_SWEEP, app  # noqa: PLC0415
+        from h3batch.loadrunner.celery_app import START_SWEEP, app  # noqa: PLC0415
 
         logger.info("beat lock %s held by %s; %d scheduled sweep(s)", BEAT_LOCK_KEY, lock.token,
                     len(settings.schedule))

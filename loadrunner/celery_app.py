@@ -1,6 +1,6 @@
 """The sweep Celery app: its own queue (`loadrunner`), JSON only, no torch (the service's GPU app is separate).
 
-`celery -A loadrunner.celery_app worker -Q loadrunner` and `h3batch sweep-worker` use `app`; the API builds a
+`celery -A h3batch.loadrunner.celery_app worker -Q loadrunner` and `h3batch sweep-worker` use `app`; the API builds a
 client-only app for its own Redis URL with `make_app` to send `loadrunner.start_sweep`.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from celery import Celery
 from celery.schedules import crontab, schedule
 
-from loadrunner.sweep_settings import ScheduleEntry, SweepSettings
+from h3batch.loadrunner.sweep_settings import ScheduleEntry, SweepSettings
 
 START_SWEEP = "loadrunner.start_sweep"
 RUN_POINT = "loadrunner.run_point"
@@ -29,7 +29,7 @@ def beat_schedule(entries: tuple[ScheduleEntry, ...], queue: str) -> dict:
 
 
 def make_app(settings: SweepSettings) -> Celery:
-    app = Celery("loadrunner", broker=settings.redis_url, include=["loadrunner.sweep_tasks"])
+    app = Celery("loadrunner", broker=settings.redis_url, include=["h3batch.loadrunner.sweep_tasks"])
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],

@@ -51,7 +51,7 @@ class DriverConfig:
     @property
     def acceptance(self):
         """The §6 thresholds as an `AcceptanceConfig` (imported here so this module stays stdlib-only for the API)."""
-        from loadrunner.acceptance import AcceptanceConfig  # noqa: PLC0415
+        from h3batch.loadrunner.acceptance import AcceptanceConfig  # noqa: PLC0415
 
         return AcceptanceConfig(max_frame_deficit=self.max_frame_deficit, min_voiced_frames=self.min_voiced_frames,
                                 minimum_audio_chunks=self.minimum_audio_chunks,

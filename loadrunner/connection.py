@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from loadrunner.protocol import MAX_MESSAGE_BYTES
+from h3batch.loadrunner.protocol import MAX_MESSAGE_BYTES
 
 POLL_INTERVAL_S = 0.020
 CLIENT_TIME_KEY = "_client_received_at_s"

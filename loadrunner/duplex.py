@@ -1,4 +1,4 @@
-"""`h3batch duplex` / `python -m loadrunner.duplex`: the full-duplex driver entry point (spec §12).
+"""`h3batch duplex` / `python -m h3batch.loadrunner.duplex`: the full-duplex driver entry point (spec §12).
 
 Exit status: 0 lifecycle success or load ok; 1 load not ok (report printed first) or any failure; 2 bad arguments.
 """
@@ -9,9 +9,9 @@ import json
 import logging
 import sys
 
-from loadrunner.config import parse_config
+from h3batch.loadrunner.config import parse_config
 
-logger = logging.getLogger("loadrunner.duplex")
+logger = logging.getLogger("h3batch.loadrunner.duplex")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,8 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("Install websockets first: pip install websockets", file=sys.stderr)
         return 1
-    from loadrunner.lifecycle import run_lifecycle
-    from loadrunner.load import run_load
+    from h3batch.loadrunner.lifecycle import run_lifecycle
+    from h3batch.loadrunner.load import run_load
 
     try:
         if config.sessions is None:

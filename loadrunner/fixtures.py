@@ -11,7 +11,7 @@ from enum import Enum
 
 import numpy as np
 
-from loadrunner.audio import FRAME_SAMPLES
+from h3batch.loadrunner.audio import FRAME_SAMPLES
 
 
 class FixtureMode(str, Enum):

@@ -10,16 +10,29 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadrunner.acceptance import validate_session_audio
-from loadrunner.audio import (PCM16_FRAME_BYTES, append_message, input_identity, load_input_samples,
-                              split_frames, write_pcm16_wav)
-from loadrunner.config import DriverConfig
-from loadrunner.connection import DuplexConnection, open_connection
-from loadrunner.packets import check_packet, is_audio_event, probe_error_code
-from loadrunner.protocol import (LIFECYCLE_CAPABILITIES, SESSION_CLOSE, capabilities_match, created_capabilities,
-                                 created_session_id, realtime_url, session_update)
+from h3batch.loadrunner.acceptance import validate_session_audio
+from h3batch.loadrunner.audio import (
+    PCM16_FRAME_BYTES,
+    append_message,
+    input_identity,
+    load_input_samples,
+    split_frames,
+    write_pcm16_wav,
+)
+from h3batch.loadrunner.config import DriverConfig
+from h3batch.loadrunner.connection import DuplexConnection, open_connection
+from h3batch.loadrunner.packets import check_packet, is_audio_event, probe_error_code
+from h3batch.loadrunner.protocol import (
+    LIFECYCLE_CAPABILITIES,
+    SESSION_CLOSE,
+    capabilities_match,
+    created_capabilities,
+    created_session_id,
+    realtime_url,
+    session_update,
+)
 
-logger = logging.getLogger("loadrunner.lifecycle")
+logger = logging.getLogger("h3batch.loadrunner.lifecycle")
 LIFECYCLE_CLOSE_TIMEOUT_S = 10.0
 
 

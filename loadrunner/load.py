@@ -14,18 +14,25 @@ from pathlib import Path
 
 from websockets.exceptions import WebSocketException
 
-from loadrunner.acceptance import AcceptanceError, validate_session_audio
-from loadrunner.audio import append_message, input_identity, load_input_samples, split_frames
-from loadrunner.config import DriverConfig
-from loadrunner.connection import DuplexConnection, open_connection
-from loadrunner.metrics import Send, ceiling_error, session_metrics
-from loadrunner.packets import error_code
-from loadrunner.pacing import pace_frames
-from loadrunner.protocol import (LOAD_CAPABILITIES, SESSION_CLOSE, capabilities_match, created_capabilities,
-                                 created_session_id, realtime_url, session_update)
-from loadrunner.report import RESULT_NAME, build_report, dumps_report, write_exclusive
+from h3batch.loadrunner.acceptance import AcceptanceError, validate_session_audio
+from h3batch.loadrunner.audio import append_message, input_identity, load_input_samples, split_frames
+from h3batch.loadrunner.config import DriverConfig
+from h3batch.loadrunner.connection import DuplexConnection, open_connection
+from h3batch.loadrunner.metrics import Send, ceiling_error, session_metrics
+from h3batch.loadrunner.pacing import pace_frames
+from h3batch.loadrunner.packets import error_code
+from h3batch.loadrunner.protocol import (
+    LOAD_CAPABILITIES,
+    SESSION_CLOSE,
+    capabilities_match,
+    created_capabilities,
+    created_session_id,
+    realtime_url,
+    session_update,
+)
+from h3batch.loadrunner.report import RESULT_NAME, build_report, dumps_report, write_exclusive
 
-logger = logging.getLogger("loadrunner.load")
+logger = logging.getLogger("h3batch.loadrunner.load")
 
 # Exceptions a session turns into a row; anything else (a bug) propagates, and cancellation always does.
 ROW_ERRORS = (OSError, TimeoutError, ValueError, RuntimeError, AssertionError, WebSocketException)

@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from loadrunner.audio import FRAME_PERIOD_S, FRAME_SAMPLES, SAMPLE_RATE_HZ
-from loadrunner.packets import TEXT_DELTA_TYPES, check_packet, is_audio_event
+from h3batch.loadrunner.audio import FRAME_PERIOD_S, FRAME_SAMPLES, SAMPLE_RATE_HZ
+from h3batch.loadrunner.packets import TEXT_DELTA_TYPES, check_packet, is_audio_event
 
 PCM16_BYTES_PER_S = SAMPLE_RATE_HZ * 2
 CONTINUITY_THRESHOLD_S = 0.100

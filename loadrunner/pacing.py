@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from loadrunner.audio import FRAME_PERIOD_S
-from loadrunner.metrics import Send
+from h3batch.loadrunner.audio import FRAME_PERIOD_S
+from h3batch.loadrunner.metrics import Send
 
 
 class PacingGrid:

@@ -6,9 +6,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from loadrunner.audio import FRAME_PERIOD_S, InputIdentity
-from loadrunner.config import DriverConfig
-from loadrunner.metrics import PACING_WARNING_MS
+from h3batch.loadrunner.audio import FRAME_PERIOD_S, InputIdentity
+from h3batch.loadrunner.config import DriverConfig
+from h3batch.loadrunner.metrics import PACING_WARNING_MS
 
 RESULT_NAME = "load-result.json"
 MEASUREMENT_ORIGIN = "client monotonic clock; admission excluded; streaming and drain retained"

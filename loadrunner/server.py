@@ -37,14 +37,30 @@ from urllib.parse import parse_qsl, urlsplit
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from loadrunner.audio import FRAME_PERIOD_S, SAMPLE_RATE_HZ
-from loadrunner.fixtures import ConnectionState, FixtureMode, fixture_replies
-from loadrunner.server_protocol import (CLOSE_TYPES, DEFAULT_PERSONA, DEFAULT_VOICE, IGNORED_CLIENT_EVENTS,
-                                        MAX_CLIENT_FRAME_BYTES, MAX_PENDING_INPUT_BYTES, NEW_EPOCH_TYPES, Admission,
-                                        AppendDecoder, Content, EventSequencer, OutputRenderer, SessionState,
-                                        capabilities, data_plane_metadata, error_event, open_error, update_error)
+from h3batch.loadrunner.audio import FRAME_PERIOD_S, SAMPLE_RATE_HZ
+from h3batch.loadrunner.fixtures import ConnectionState, FixtureMode, fixture_replies
+from h3batch.loadrunner.server_protocol import (
+    CLOSE_TYPES,
+    DEFAULT_PERSONA,
+    DEFAULT_VOICE,
+    IGNORED_CLIENT_EVENTS,
+    MAX_CLIENT_FRAME_BYTES,
+    MAX_PENDING_INPUT_BYTES,
+    NEW_EPOCH_TYPES,
+    Admission,
+    AppendDecoder,
+    Content,
+    EventSequencer,
+    OutputRenderer,
+    SessionState,
+    capabilities,
+    data_plane_metadata,
+    error_event,
+    open_error,
+    update_error,
+)
 
-logger = logging.getLogger("loadrunner.server")
+logger = logging.getLogger("h3batch.loadrunner.server")
 REALTIME = "realtime"
 MODES = [REALTIME, *(m.value for m in FixtureMode)]
 FALSY = ("0", "false", "no", "off")

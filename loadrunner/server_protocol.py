@@ -13,7 +13,7 @@ from enum import Enum
 
 import numpy as np
 
-from loadrunner.audio import FRAME_SAMPLES, SAMPLE_RATE_HZ
+from h3batch.loadrunner.audio import FRAME_SAMPLES, SAMPLE_RATE_HZ
 
 BUNDLED_VOICES = frozenset(
     [f"NATF{i}.pt" for i in range(4)] + [f"NATM{i}.pt" for i in range(4)]

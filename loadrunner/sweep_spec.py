@@ -10,7 +10,7 @@ import re
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from loadrunner.config import MAX_LOAD_FRAMES, MAX_SESSIONS, build_parser, validation_error
+from h3batch.loadrunner.config import MAX_LOAD_FRAMES, MAX_SESSIONS, build_parser, validation_error
 
 MAX_POINTS = 256
 LABEL_RE = re.compile(r"^[\w.:/@+-]{1,128}$")

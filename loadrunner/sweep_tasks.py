@@ -19,18 +19,26 @@ import numpy as np
 import redis
 from celery import chain
 
-from loadrunner.celery_app import FINALIZE_SWEEP, RUN_POINT, START_SWEEP, app
-from loadrunner.config import parse_config
-from loadrunner.load import run_load
-from loadrunner.plots import render
-from loadrunner.report import RESULT_NAME
-from loadrunner.sweep_settings import SweepSettings
-from loadrunner.sweep_spec import SweepRequest, driver_argv, new_sweep_id, parse_sweep_request, points
-from loadrunner.sweep_store import (PointStatus, SweepStatus, create_sweep, get_points, get_record, put_point,
-                                    update_record, utc_now)
-from loadrunner.sweep_summary import capacity, point_outcome, summary_row, to_csv
+from h3batch.loadrunner.celery_app import FINALIZE_SWEEP, RUN_POINT, START_SWEEP, app
+from h3batch.loadrunner.config import parse_config
+from h3batch.loadrunner.load import run_load
+from h3batch.loadrunner.plots import render
+from h3batch.loadrunner.report import RESULT_NAME
+from h3batch.loadrunner.sweep_settings import SweepSettings
+from h3batch.loadrunner.sweep_spec import SweepRequest, driver_argv, new_sweep_id, parse_sweep_request, points
+from h3batch.loadrunner.sweep_store import (
+    PointStatus,
+    SweepStatus,
+    create_sweep,
+    get_points,
+    get_record,
+    put_point,
+    update_record,
+    utc_now,
+)
+from h3batch.loadrunner.sweep_summary import capacity, point_outcome, summary_row, to_csv
 
-logger = logging.getLogger("loadrunner.sweep_tasks")
+logger = logging.getLogger("h3batch.loadrunner.sweep_tasks")
 BUILTIN_INPUT = "input.wav"
 POINT_MARGIN_S = 10.0
 

@@ -6,7 +6,7 @@ import sys
 
 import redis
 
-from loadrunner.sweep_settings import SweepConfigError, SweepSettings
+from h3batch.loadrunner.sweep_settings import SweepConfigError, SweepSettings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"h3batch sweep-worker: Redis at H3BATCH_REDIS_URL is unreachable ({type(exc).__name__})",
               file=sys.stderr)
         return 2
-    from loadrunner.celery_app import app  # noqa: PLC0415
+    from h3batch.loadrunner.celery_app import app  # noqa: PLC0415
 
     app.worker_main(["worker", "--queues", settings.queue, "--concurrency", "1", "--pool", "solo",
                      "--loglevel", "INFO", "--hostname", f"loadrunner@{socket.gethostname()}", *argv])

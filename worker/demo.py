@@ -16,8 +16,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from worker.exceptions import ConfigError
-from worker.serve import LocalStack, _sigterm_as_interrupt
+from h3batch.cli_args import OneLineArgumentParser
+from h3batch.core.exceptions import ConfigError
+from h3batch.worker.serve import LocalStack, _sigterm_as_interrupt
 
 DEMO_PROMPT = "A red fox trots across fresh snow at dawn; wind hisses and a distant crow calls."
 BAR_WIDTH = 30
@@ -75,18 +76,12 @@ def run_demo(stack: LocalStack, out_path: Path, *, seconds: float, width: int, h
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="h3batch demo", description="One job through API + worker to out/demo.mp4.")
+    parser = OneLineArgumentParser(prog="h3batch demo", description="One job through API + worker to out/demo.mp4.")
     parser.add_argument("--out", default="out/demo.mp4", help="where to write the MP4 (default out/demo.mp4)")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--height", type=int, default=128)
     parser.add_argument("--seed", type=int, default=42)
-
-    def one_line_error(message: str) -> None:
-        print(f"h3batch demo: {message}", file=sys.stderr)
-        sys.exit(2)
-
-    parser.error = one_line_error  # type: ignore[method-assign]
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:

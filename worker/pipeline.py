@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from worker.h3 import contract, decode, mp4, packing, provenance, vae_native
-from worker.h3.geometry import RequestGeometry
-from worker.h3.loader import load_transformer
-from worker.h3.sampler import SigmaLadder, initial_noise
-from worker.h3.vsa import vsa_plan_for_layout
+from h3batch.core.geometry import RequestGeometry
+from h3batch.worker.h3 import contract, decode, mp4, packing, provenance, vae_native
+from h3batch.worker.h3.loader import load_transformer
+from h3batch.worker.h3.sampler import SigmaLadder, initial_noise
+from h3batch.worker.h3.vsa import vsa_plan_for_layout
 
 if TYPE_CHECKING:  # transformers is imported by `load` only: rank-group ranks other than 0 never need it
-    from worker.h3.text_encoder import TextEncoder
+    from h3batch.worker.h3.text_encoder import TextEncoder
 
 log = logging.getLogger("h3batch.pipeline")
 
@@ -127,7 +127,7 @@ class Pipeline:
     def load(cls, release_dir: str | Path, *, device: str | torch.device | None = None,
              hf_cache: str | Path | None = None) -> Pipeline:
         """Validate the release, fetch the pinned base VAEs and load every model; raises ValueError on any violation."""
-        from worker.h3.text_encoder import TextEncoder
+        from h3batch.worker.h3.text_encoder import TextEncoder
 
         device = torch.device(device) if device is not None else default_device()
         info = contract.validate_release(release_dir)  # ContractError names the field

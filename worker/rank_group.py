@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from worker.pipeline import Pipeline, ProgressFn, RenderCancelled, RenderRequest, RenderResult, validate_request
+from h3batch.worker.pipeline import Pipeline, ProgressFn, RenderCancelled, RenderRequest, RenderResult, validate_request
 
 log = logging.getLogger("h3batch.rank_group")
 
@@ -376,9 +376,9 @@ class StepBoundaryVote:
 
 def _load_rank_pipeline(rank: int, spec: RankSpec, device: torch.device) -> Pipeline:
     """Rank 0: the whole release; other ranks: the DiT only. Then the SP DiT and the shared text encoder."""
-    from worker.h3 import contract
-    from worker.h3.loader import load_transformer
-    from worker.h3.parallel import apply_sequence_parallel
+    from h3batch.worker.h3 import contract
+    from h3batch.worker.h3.loader import load_transformer
+    from h3batch.worker.h3.parallel import apply_sequence_parallel
 
     if rank == 0:
         pipe = Pipeline.load(spec.release_dir, device=device, hf_cache=spec.hf_cache)

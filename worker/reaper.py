@@ -29,8 +29,8 @@ from typing import Callable
 
 import redis
 
-from worker import defaults, jobs, keys, lease
-from worker.jobs import JobStatus, Stage
+from h3batch.core import defaults, jobs, keys, lease
+from h3batch.core.jobs import JobStatus, Stage
 
 log = logging.getLogger("h3batch.worker")
 

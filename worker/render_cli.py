@@ -12,17 +12,13 @@ import sys
 import time
 from pathlib import Path
 
+from h3batch.cli_args import OneLineArgumentParser
+
 DEFAULT_RELEASE = os.environ.get("H3BATCH_RELEASE", "var/tiny-release")
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse's usage dump is not one line
-        print(f"h3batch render: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(prog="h3batch render", description=__doc__.splitlines()[0])
+    p = OneLineArgumentParser(prog="h3batch render", description=__doc__.splitlines()[0])
     p.add_argument("--release", default=DEFAULT_RELEASE, help="release directory (default: %(default)s)")
     p.add_argument("--prompt", required=True, help="text prompt, used verbatim")
     p.add_argument("--seconds", type=float, default=4.0, help="duration, 4-15 s (default: %(default)s)")
@@ -69,7 +65,7 @@ def main(argv: list[str]) -> int:
         return _fail(f"--out: directory {str(out.parent)!r} does not exist")
 
     # Heavy imports after argument checks so bad input answers at once.
-    from worker.h3.geometry import GeometryError, RequestGeometry
+    from h3batch.core.geometry import GeometryError, RequestGeometry
     try:
         RequestGeometry(args.width, args.height, args.seconds)
     except GeometryError as err:
@@ -77,8 +73,8 @@ def main(argv: list[str]) -> int:
 
     from tqdm import tqdm
 
-    from worker.pipeline import RenderRequest
-    from worker.rank_group import RANKS_ENV, RankGroupError, load_pipeline, ranks_from_env
+    from h3batch.worker.pipeline import RenderRequest
+    from h3batch.worker.rank_group import RANKS_ENV, RankGroupError, load_pipeline, ranks_from_env
 
     try:
         ranks = ranks_from_env({RANKS_ENV: args.ranks} if args.ranks is not None else None)

@@ -12,24 +12,20 @@ import os
 import signal
 import sys
 
-from worker import defaults, watchdog
-from worker.exceptions import ConfigError
-from worker.watchdog import WatchdogConfig
-from worker.settings import Settings, check_artifacts_dir, check_redis, check_release_dir, configure_logging
+from h3batch.cli_args import OneLineArgumentParser
+from h3batch.core import defaults
+from h3batch.core.exceptions import ConfigError
+from h3batch.settings import Settings, check_artifacts_dir, check_redis, check_release_dir, configure_logging
+from h3batch.worker import watchdog
+from h3batch.worker.watchdog import WatchdogConfig
 
 log = logging.getLogger("h3batch.worker")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="h3batch worker", description="Run a GPU render worker (Celery, solo pool).")
+    parser = OneLineArgumentParser(prog="h3batch worker", description="Run a GPU render worker (Celery, solo pool).")
     parser.add_argument("--queues", default=defaults.RENDER_QUEUE, help="comma-separated queues (default: render)")
     parser.add_argument("--name", default=None, help="worker name (default: H3BATCH_WORKER_NAME or hostname-pid)")
-
-    def one_line_error(message: str) -> None:
-        print(f"h3batch worker: {message}", file=sys.stderr)
-        sys.exit(2)
-
-    parser.error = one_line_error  # type: ignore[method-assign]
     return parser
 
 
@@ -51,7 +47,7 @@ def main(argv: list[str]) -> int:
     # Progress bars of model downloads/loads are noise between structured log lines.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TQDM_DISABLE", "1")
-    from worker import tasks  # noqa: PLC0415  (imports torch via the pipeline on load)
+    from h3batch.worker import tasks  # noqa: PLC0415  (imports torch via the pipeline on load)
 
     # Until Celery installs its own handlers, SIGTERM/SIGINT must still run the cleanup below (heartbeat key).
     signal.signal(signal.SIGTERM, _exit_on_signal)
@@ -67,7 +63,8 @@ def main(argv: list[str]) -> int:
             return 2
 
         from celery.signals import worker_ready  # noqa: PLC0415
-        from worker.celery_app import make_celery  # noqa: PLC0415
+
+        from h3batch.core.celery_app import make_celery  # noqa: PLC0415
 
         # READY in the heartbeat (what /readyz counts) only once the consumer is actually taking messages.
         worker_ready.connect(lambda **_: tasks.mark_ready(), weak=False)

@@ -20,13 +20,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from worker import defaults
-from worker.exceptions import ConfigError
-from worker.settings import check_redis
+from h3batch.cli_args import OneLineArgumentParser
+from h3batch.core import defaults
+from h3batch.core.exceptions import ConfigError
+from h3batch.settings import check_redis
 
 VAR = Path("var")
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
-H3BATCH = [sys.executable, "-m", "h3batch_cli"]
+H3BATCH = [sys.executable, "-m", "h3batch.cli"]
 
 
 def _free_port() -> int:
@@ -189,14 +190,8 @@ def _sigterm_as_interrupt(*_args) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="h3batch serve", description="Run Redis (if needed), API and worker.")
+    parser = OneLineArgumentParser(prog="h3batch serve", description="Run Redis (if needed), API and worker.")
     parser.add_argument("--port", type=int, default=8000, help="API port (default 8000)")
-
-    def one_line_error(message: str) -> None:
-        print(f"h3batch serve: {message}", file=sys.stderr)
-        sys.exit(2)
-
-    parser.error = one_line_error  # type: ignore[method-assign]
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:

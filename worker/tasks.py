@@ -1,7 +1,7 @@
 """The render task and the worker process's resident state (pipeline loaded once, heartbeat thread).
 
 The task body only claims the job, renders it with the resident pipeline and records the outcome; everything about
-statuses goes through worker/jobs.py. The pipeline is loaded once per worker process (by `h3batch worker` before
+statuses goes through core/jobs.py. The pipeline is loaded once per worker process (by `h3batch worker` before
 Celery starts consuming, or lazily by the first task under a bare `celery worker`), and each load is counted in
 Redis (`h3b:stats` `model_loads`), so tests can prove a second job does not reload weights.
 """
@@ -22,11 +22,12 @@ from typing import Any, Callable
 import redis
 from celery import shared_task
 
-from worker import defaults, job_metadata, jobs, keys, lease, reaper, webhooks
-from worker.celery_app import make_celery
-from worker.exceptions import InvalidRequest, JobError, ReleaseMismatch
-from worker.jobs import JobStatus, Stage
-from worker.settings import Settings
+from h3batch.core import defaults, job_metadata, jobs, keys, lease, webhooks
+from h3batch.core.celery_app import make_celery
+from h3batch.core.exceptions import InvalidRequest, JobError, ReleaseMismatch
+from h3batch.core.jobs import JobStatus, Stage
+from h3batch.settings import Settings
+from h3batch.worker import reaper
 
 log = logging.getLogger("h3batch.worker")
 
@@ -112,7 +113,7 @@ class Resident:
 
     settings: Settings
     r: redis.Redis
-    pipeline: Any  # worker.pipeline.Pipeline (imported lazily: torch)
+    pipeline: Any  # h3batch.worker.pipeline.Pipeline (imported lazily: torch)
     heartbeat: Heartbeat
     loaded_at: float = field(default_factory=time.time)
 
@@ -132,7 +133,7 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
     with _resident_lock:
         if _resident is not None:
             return _resident
-        from worker.rank_group import RANKS_ENV, load_pipeline, ranks_from_env  # noqa: PLC0415  (torch)
+        from h3batch.worker.rank_group import RANKS_ENV, load_pipeline, ranks_from_env  # noqa: PLC0415  (torch)
 
         r = redis.Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=30)
         started = time.perf_counter()
@@ -154,7 +155,7 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
         heartbeat.state = "READY" if ready else "STARTING"
         heartbeat.beat()
         heartbeat.start()
-        webhooks.start_dispatcher(r)  # signed POSTs for finished jobs with a webhook_url (worker/webhooks.py)
+        webhooks.start_dispatcher(r)  # signed POSTs for finished jobs with a webhook_url (core/webhooks.py)
         log.info("model resident release=%s load_s=%.2f total_model_loads=%d", pipeline.release_id, load_s, loads)
         _resident = Resident(settings=settings, r=r, pipeline=pipeline, heartbeat=heartbeat)
         return _resident
@@ -203,8 +204,8 @@ def _sha256(path: Path) -> str:
 
 def run_job(res: Resident, job_id: str) -> None:
     """Claim, render, record. Every outcome ends in one `transition`; a lost race leaves no files behind."""
-    from worker.pipeline import RenderCancelled, RenderRequest  # noqa: PLC0415
-    from worker.rank_group import RankGroupError  # noqa: PLC0415
+    from h3batch.worker.pipeline import RenderCancelled, RenderRequest  # noqa: PLC0415
+    from h3batch.worker.rank_group import RankGroupError  # noqa: PLC0415
 
     settings, r, pipeline = res.settings, res.r, res.pipeline
     extra = {"job_id": job_id}

@@ -21,8 +21,9 @@ from typing import Callable, Mapping
 
 import redis
 
-from worker import keys, reaper
-from worker.exceptions import ConfigError
+from h3batch.core import keys
+from h3batch.core.exceptions import ConfigError
+from h3batch.worker import reaper
 
 log = logging.getLogger("h3batch.worker")
 

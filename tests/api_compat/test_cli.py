@@ -7,11 +7,11 @@ import time
 
 import requests
 
+from h3batch.worker.h3.mp4 import probe_mp4
 from tests.api_compat.conftest import KEY_A, auth
 from tests.service.conftest import REPO
-from worker.h3.mp4 import probe_mp4
 
-CLI = [sys.executable, "-m", "h3batch_cli", "submit"]
+CLI = [sys.executable, "-m", "h3batch.cli", "submit"]
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

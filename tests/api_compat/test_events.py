@@ -5,8 +5,8 @@ import time
 
 import requests
 
+from h3batch.core.jobs import JobSpec, create_job, delete_job
 from tests.api_compat.conftest import KEY_A, auth, key_id, parse_sse
-from worker.jobs import JobSpec, create_job, delete_job
 
 
 def _stream(base: str, job_id: str, last_id: str | None = None, timeout=(5, 30)) -> requests.Response:
@@ -107,10 +107,10 @@ def test_stream_time_limit_ends_with_retry_hint_and_frees_the_slot(compat_redis_
                                                                    monkeypatch):
     """A stream older than SSE_MAX_S ends with a `retry:` hint (the client resumes with Last-Event-ID) and gives its
     slot back."""
-    import api.jobs
-    from api import create_app
+    import h3batch.api.jobs
+    from h3batch.api import create_app
 
-    monkeypatch.setattr(api.jobs, "KEEPALIVE_S", 0.2)  # keep-alives are what let the guard look at the clock
+    monkeypatch.setattr(h3batch.api.jobs, "KEEPALIVE_S", 0.2)  # keep-alives are what let the guard look at the clock
     app = create_app({"REDIS_URL": compat_redis_url, "ARTIFACTS_DIR": str(compat_artifacts), "API_KEYS": [],
                       "SSE_MAX_S": 1.0, "SSE_MAX_STREAMS": 1})
     job_id = create_job(rc, JobSpec(prompt="idle", seconds=4.0, width=256, height=128, seed=1))["id"]

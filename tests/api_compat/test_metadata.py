@@ -9,8 +9,8 @@ from importlib import metadata
 import requests
 import torch
 
+from h3batch.worker.h3.mp4 import probe_mp4
 from tests.api_compat.conftest import auth, wait_job
-from worker.h3.mp4 import probe_mp4
 
 
 def test_record_and_mp4_carry_provenance(stack, tmp_path):

@@ -10,8 +10,8 @@ import pytest
 import requests
 from openai import OpenAI
 
+from h3batch.worker.h3.mp4 import probe_mp4
 from tests.api_compat.conftest import KEY_A, KEY_B, auth
-from worker.h3.mp4 import probe_mp4
 
 MODEL = "FastVideo/FastVideo-FastH3-8-Step-V2"
 # openai warns on every videos call that OpenAI's own Sora API shuts down in 2026; h3batch keeps the format.

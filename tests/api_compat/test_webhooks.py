@@ -9,9 +9,9 @@ import pytest
 import requests
 from openai import OpenAI
 
+from h3batch.core import webhooks
+from h3batch.core.jobs import JobSpec, JobStatus, create_job, load_job, transition
 from tests.api_compat.conftest import KEY_A, RETRY_BASE_S, WEBHOOK_SECRET, auth, key_id, wait_job
-from worker import webhooks
-from worker.jobs import JobSpec, JobStatus, create_job, load_job, transition
 
 
 def verify(call: dict) -> dict:
@@ -105,7 +105,7 @@ def test_loopback_only_with_the_flag_and_delivery_time_recheck(rc):
 
 def test_server_without_secret_refuses_webhook_url(compat_redis_url, compat_artifacts):
     """With no H3BATCH_WEBHOOK_SECRET the API cannot sign, so a webhook_url is a 400 webhooks_not_configured."""
-    from api import create_app
+    from h3batch.api import create_app
 
     app = create_app({"REDIS_URL": compat_redis_url, "ARTIFACTS_DIR": str(compat_artifacts), "API_KEYS": [],
                       "WEBHOOKS": webhooks.WebhookSettings(secret=None)})

@@ -2,13 +2,13 @@
 and the two MiniMax-H3 VAEs with seeded random weights, all built from worker/h3/tiny_configs.py."""
 from __future__ import annotations
 
-import torch
 import pytest
+import torch
 from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-from worker.h3.tiny_configs import TINY_AUDIO_VAE, TINY_TEXT_ENCODER, TINY_VIDEO_VAE
+from h3batch.worker.h3.tiny_configs import TINY_AUDIO_VAE, TINY_TEXT_ENCODER, TINY_VIDEO_VAE
 
 CORPUS = [
     "A red fox runs across a snowy field at dawn, its breath steaming in the cold air.",

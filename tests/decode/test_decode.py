@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from worker.h3.decode import IMAGENET_MEAN, IMAGENET_STD, decode_audio, decode_video
+from h3batch.worker.h3.decode import IMAGENET_MEAN, IMAGENET_STD, decode_audio, decode_video
 
 
 def video_latents(t: int, hl: int, wl: int, seed: int = 0, scale: float = 1.0) -> torch.Tensor:

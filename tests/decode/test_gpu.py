@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.h3.decode import decode_audio, decode_video
-from worker.h3.text_encoder import TextEncoder
-from worker.h3.tiny_configs import TINY_TEXT_HIDDEN_LAYER
+from h3batch.worker.h3.decode import decode_audio, decode_video
+from h3batch.worker.h3.text_encoder import TextEncoder
+from h3batch.worker.h3.tiny_configs import TINY_TEXT_HIDDEN_LAYER
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

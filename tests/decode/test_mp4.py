@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from worker.h3.decode import decode_audio, decode_video
-from worker.h3.mp4 import probe_mp4, write_mp4
+from h3batch.worker.h3.decode import decode_audio, decode_video
+from h3batch.worker.h3.mp4 import probe_mp4, write_mp4
 
 FPS, RATE = 24, 32_000
 

@@ -6,8 +6,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, Qwen3VLForConditionalGeneration
 
-from worker.h3.text_encoder import MAX_PROMPT_TOKENS, TextEncoder
-from worker.h3.tiny_configs import TINY_TEXT_DIM, TINY_TEXT_HIDDEN_LAYER
+from h3batch.worker.h3.text_encoder import MAX_PROMPT_TOKENS, TextEncoder
+from h3batch.worker.h3.tiny_configs import TINY_TEXT_DIM, TINY_TEXT_HIDDEN_LAYER
 
 PROMPT = "A red fox runs across a snowy field at dawn, while rain falls on a tin roof."
 

@@ -7,7 +7,7 @@ import torch
 from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-from worker.h3.tiny_configs import (
+from h3batch.worker.h3.tiny_configs import (
     TINY_AUDIO_VAE,
     TINY_TEXT_DIM,
     TINY_TEXT_ENCODER,

@@ -37,7 +37,7 @@ if not CUDA:
         os.environ.setdefault("H3BATCH_KERNEL_BACKEND", "torch")
     INTERPRETER_IN_PROCESS = os.environ.get("TRITON_INTERPRET") == "1"
 
-import kernels  # noqa: E402,F401  (after TRITON_INTERPRET: @triton.jit reads it when decorating)
+import h3batch.kernels  # noqa: E402,F401  (after TRITON_INTERPRET: @triton.jit reads it when decorating)
 
 BF16_TOL = 5e-2
 FP32_TOL = 1e-5

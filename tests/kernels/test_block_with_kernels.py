@@ -5,8 +5,8 @@ import pytest
 import torch
 from kernel_cases import BF16_TOL
 
-from worker.h3.config import T2
-from worker.h3.model import DiTBlock, RotaryEmbedding
+from h3batch.worker.h3.config import T2
+from h3batch.worker.h3.model import DiTBlock, RotaryEmbedding
 
 ROWS, STEPS = 23, 2  # S rows of one packed sequence, M distinct timesteps -> 3M = 6 AdaLN table rows
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from kernel_cases import CASES, INTERPRETER_IN_PROCESS, assert_matches, make_inputs
 
-from kernels import indexed_scale_shift_
+from h3batch.kernels import indexed_scale_shift_
 
 MODES = [(torch.float32, "generic"), (torch.bfloat16, "generic"), (torch.bfloat16, "sm90_bf16_affine")]
 

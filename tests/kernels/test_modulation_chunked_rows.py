@@ -5,11 +5,16 @@ import pytest
 import torch
 from kernel_cases import Case, assert_matches, make_inputs
 
-import kernels.gate as gate_module
-import kernels.gate_rms_norm_scale_shift as gate_norm_module
-import kernels.rms_norm_scale_shift as rms_module
-import kernels.scale_shift as scale_shift_module
-from kernels import indexed_gate, indexed_gate_rms_norm_scale_shift, indexed_scale_shift_, rms_norm_indexed_scale_shift
+import h3batch.kernels.gate as gate_module
+import h3batch.kernels.gate_rms_norm_scale_shift as gate_norm_module
+import h3batch.kernels.rms_norm_scale_shift as rms_module
+import h3batch.kernels.scale_shift as scale_shift_module
+from h3batch.kernels import (
+    indexed_gate,
+    indexed_gate_rms_norm_scale_shift,
+    indexed_scale_shift_,
+    rms_norm_indexed_scale_shift,
+)
 
 CASE = Case((7,), 336)  # 336 = 2 full 128-column chunks + 80
 EPS = 1e-6

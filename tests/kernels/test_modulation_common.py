@@ -6,9 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels.modulation_common as common
-from kernels.modulation_common import Backend, Precision
-from kernels.triton_math import round_to_bf16
+import h3batch.kernels.modulation_common as common
+from h3batch.kernels.modulation_common import Backend, Precision
+from h3batch.kernels.triton_math import round_to_bf16
 
 
 @pytest.mark.parametrize("rows,expected", [

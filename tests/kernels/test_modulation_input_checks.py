@@ -4,8 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import (
-    indexed_gate, indexed_gate_rms_norm_scale_shift, indexed_scale_shift_, rms_norm_indexed_scale_shift,
+from h3batch.kernels import (
+    indexed_gate,
+    indexed_gate_rms_norm_scale_shift,
+    indexed_scale_shift_,
+    rms_norm_indexed_scale_shift,
 )
 
 H, R, K = 16, 5, 3

@@ -5,10 +5,10 @@ import pytest
 import torch
 from kernel_cases import CUDA, assert_matches
 
-from kernels import qk_norm_rope
-from kernels.qk_norm_rope import reference_qk_norm_rope
-from worker.h3.config import T2
-from worker.h3.model import Attention, RotaryEmbedding, apply_rope
+from h3batch.kernels import qk_norm_rope
+from h3batch.kernels.qk_norm_rope import reference_qk_norm_rope
+from h3batch.worker.h3.config import T2
+from h3batch.worker.h3.model import Attention, RotaryEmbedding, apply_rope
 
 HEADS, HEAD_DIM, WIDTH = 4, 32, 24  # 4 heads x 32 channels, RoPE on 24 of them (T2's 6 * 4)
 EPS = 1e-5
@@ -77,7 +77,7 @@ def test_single_rounding_would_differ():
 
 
 def test_reference_is_the_model_eager_path():
-    """The torch reference equals nn.RMSNorm per head followed by worker.h3.model.apply_rope, bit for bit."""
+    """The torch reference equals nn.RMSNorm per head followed by h3batch.worker.h3.model.apply_rope, bit for bit."""
     qkv, q_weight, k_weight = _inputs(torch.bfloat16, "cpu")
     norms = [torch.nn.RMSNorm(HEAD_DIM, eps=EPS, dtype=torch.bfloat16) for _ in range(2)]
     with torch.no_grad():
@@ -143,7 +143,7 @@ def test_bad_arguments_raise(bad, message):
 
 
 def test_attention_module_uses_the_fused_op(device, monkeypatch):
-    """worker.h3.model.Attention gives the same output with the Triton op as with the eager backend (T2, bf16)."""
+    """h3batch.worker.h3.model.Attention gives the same output with the Triton op as with the eager backend (T2, bf16)."""
     torch.manual_seed(2)
     attention = Attention(T2, torch.bfloat16, compression_gate=False).to(device)
     with torch.no_grad():

@@ -5,8 +5,8 @@ import pytest
 import torch
 from kernel_cases import CASES, assert_matches, make_inputs
 
-import kernels.modulation_common as common
-from kernels import rms_norm_indexed_scale_shift
+import h3batch.kernels.modulation_common as common
+from h3batch.kernels import rms_norm_indexed_scale_shift
 
 EPS = 1e-6
 MODES = [(torch.float32, "generic"), (torch.bfloat16, "generic"), (torch.bfloat16, "sm90_bf16_affine")]

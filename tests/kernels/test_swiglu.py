@@ -5,10 +5,10 @@ import pytest
 import torch
 from kernel_cases import CUDA, assert_matches
 
-from kernels import swiglu
-from kernels.swiglu import reference_swiglu
-from worker.h3.config import T2
-from worker.h3.model import SwiGLU
+from h3batch.kernels import swiglu
+from h3batch.kernels.swiglu import reference_swiglu
+from h3batch.worker.h3.config import T2
+from h3batch.worker.h3.model import SwiGLU
 
 
 def _fc1_out(shape: tuple[int, ...], dtype: torch.dtype, device: str, seed: int = 0) -> torch.Tensor:
@@ -64,7 +64,7 @@ def test_bad_input_raises(bad, message):
 
 
 def test_model_swiglu_uses_the_fused_op(device, monkeypatch):
-    """worker.h3.model.SwiGLU gives the same output with the Triton op as with the eager backend (T2, bf16)."""
+    """h3batch.worker.h3.model.SwiGLU gives the same output with the Triton op as with the eager backend (T2, bf16)."""
     torch.manual_seed(3)
     mlp = SwiGLU(T2, torch.bfloat16).to(device)
     h = torch.randn(2, 7, T2.hidden_size, device=device).to(torch.bfloat16)

@@ -13,9 +13,9 @@ if str(Path(__file__).resolve().parents[2]) not in sys.path:
 import numpy as np
 import pytest
 
-from loadrunner.config import parse_config
-from loadrunner.load import run_load
-from loadrunner.server import DuplexServer, ServerConfig
+from h3batch.loadrunner.config import parse_config
+from h3batch.loadrunner.load import run_load
+from h3batch.loadrunner.server import DuplexServer, ServerConfig
 
 # One constant scales every wall-clock bound in these tests (websockets' tests call theirs MS).
 TIME_SCALE = 1.0
@@ -68,13 +68,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def start_server_process(args: list[str], timeout: float = 20.0, via_h3batch: bool = False):
-    """Start `python -m loadrunner.server ARGS` (or `h3batch duplex-server ARGS`) and return (process, url) once it
+    """Start `python -m h3batch.loadrunner.server ARGS` (or `h3batch duplex-server ARGS`) and return (process, url) once it
     prints its listening line."""
     import subprocess
     import sys
     import time as _time
     command = ([str(Path(sys.executable).parent / "h3batch"), "duplex-server"] if via_h3batch
-               else [sys.executable, "-m", "loadrunner.server"])
+               else [sys.executable, "-m", "h3batch.loadrunner.server"])
     proc = subprocess.Popen([*command, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=REPO_ROOT)
     deadline = _time.monotonic() + timeout

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO_ROOT, common_args, start_server_process, stop_process, write_wav
-from loadrunner.config import parse_config
+
+from h3batch.loadrunner.config import parse_config
 
 BASE = ["--model", "m", "--input-wav", "x.wav", "--sessions", "2"]
 
@@ -63,7 +63,7 @@ def test_lifecycle_skips_load_validation():
 
 
 def driver(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "loadrunner.duplex", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "h3batch.loadrunner.duplex", *args], capture_output=True, text=True,
                           timeout=60, cwd=cwd or REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
 
 
@@ -78,7 +78,7 @@ def fixture_servers():
 
 
 def test_exit_status_ok_and_not_ok(fixture_servers, fixture_wav, tmp_path):
-    """`python -m loadrunner.duplex` exits 0 for an ok report, 1 for a not-ok one; both print the report."""
+    """`python -m h3batch.loadrunner.duplex` exits 0 for an ok report, 1 for a not-ok one; both print the report."""
     ok = driver(common_args(fixture_wav, tmp_path / "a", fixture_servers["success"]))
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["ok"] is True
@@ -113,7 +113,7 @@ def test_default_output_dir_is_relative(fixture_servers, fixture_wav, tmp_path):
 
 
 def test_h3batch_routes_duplex(fixture_servers, fixture_wav, tmp_path):
-    """`h3batch duplex` reaches the same driver through worker/cli.py."""
+    """`h3batch duplex` reaches the same driver through h3batch/cli.py."""
     h3batch = Path(sys.executable).parent / "h3batch"
     result = subprocess.run([str(h3batch), "duplex", *common_args(fixture_wav, tmp_path / "o",
                                                                    fixture_servers["success"])],
@@ -123,7 +123,7 @@ def test_h3batch_routes_duplex(fixture_servers, fixture_wav, tmp_path):
 
 def test_server_rejects_bad_arguments():
     """The reference server exits 2 with one error line for an unknown mode."""
-    result = subprocess.run([sys.executable, "-m", "loadrunner.server", "--mode", "nope"], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "h3batch.loadrunner.server", "--mode", "nope"], capture_output=True,
                             text=True, timeout=30, cwd=REPO_ROOT)
     assert result.returncode == 2 and "invalid choice: 'nope'" in result.stderr
 

@@ -1,4 +1,4 @@
-"""Conformance vectors (§14) and invariants of the pure metric functions in loadrunner.metrics."""
+"""Conformance vectors (§14) and invariants of the pure metric functions in h3batch.loadrunner.metrics."""
 from __future__ import annotations
 
 import json
@@ -7,10 +7,17 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from loadrunner.metrics import (Packet, Send, ceiling_error, continuity, distribution, session_metrics,
-                                stream_timing)
 from vectors import pkt, sends, slow_sends
+
+from h3batch.loadrunner.metrics import (
+    Packet,
+    Send,
+    ceiling_error,
+    continuity,
+    distribution,
+    session_metrics,
+    stream_timing,
+)
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from loadrunner.pacing import pace_frames
+from h3batch.loadrunner.pacing import pace_frames
 
 
 class VirtualClock:
@@ -55,13 +55,13 @@ def test_vector_6b_first_frame_stall():
     for prev, cur in zip(sends, sends[1:]):
         assert cur.started >= prev.completed + 0.08 - 1e-9
     assert sends[1].started - sends[1].planned == pytest.approx(0.25)
-    from loadrunner.metrics import session_metrics
+    from h3batch.loadrunner.metrics import session_metrics
     assert session_metrics([], [], sends)["client_pacing_warning"] is True
 
 
 def test_vector_6a_metrics():
     """Vector 14.6a through the metrics: lateness max 250 ms at index 4 and the pacing warning set."""
-    from loadrunner.metrics import session_metrics
+    from h3batch.loadrunner.metrics import session_metrics
     m = session_metrics([], [], run(6, VirtualClock(10.0, send_costs={1: 0.10, 3: 0.25})))
     assert m["client_send_lateness_ms"]["max"] == pytest.approx(250)
     assert m["client_send_lateness_ms"]["p99"] == pytest.approx(250)

@@ -6,15 +6,15 @@ import json
 
 import numpy as np
 import pytest
+from conftest import write_wav
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from conftest import write_wav
-from loadrunner.config import parse_config
-from loadrunner.lifecycle import run_lifecycle
-from loadrunner.load import run_load
-from loadrunner.protocol import session_update
-from loadrunner.server import DuplexServer, ServerConfig
+from h3batch.loadrunner.config import parse_config
+from h3batch.loadrunner.lifecycle import run_lifecycle
+from h3batch.loadrunner.load import run_load
+from h3batch.loadrunner.protocol import session_update
+from h3batch.loadrunner.server import DuplexServer, ServerConfig
 
 
 @pytest.fixture

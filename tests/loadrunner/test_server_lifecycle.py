@@ -8,12 +8,12 @@ import re
 
 import numpy as np
 import pytest
+from conftest import TIME_SCALE
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from conftest import TIME_SCALE
-from loadrunner.server import DuplexServer, ServerConfig, parse_config
-from loadrunner.server_protocol import DEFAULT_PERSONA, MAX_PENDING_INPUT_BYTES, SERVER_OWNED_KEYS
+from h3batch.loadrunner.server import DuplexServer, ServerConfig, parse_config
+from h3batch.loadrunner.server_protocol import DEFAULT_PERSONA, MAX_PENDING_INPUT_BYTES, SERVER_OWNED_KEYS
 
 QUERY = "?duplex=1&model=m&autostart=0"
 HEX32 = "[0-9a-f]{32}"

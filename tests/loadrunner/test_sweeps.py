@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import redis
-
-from api import create_app
 from conftest import REPO_ROOT, start_server_process, stop_process
-from loadrunner.sweep_settings import SweepSettings
-from loadrunner.sweep_spec import parse_sweep_request, points
-from loadrunner.sweep_store import BEAT_LOCK_KEY, create_sweep, get_sweep
+
+from h3batch.api import create_app
+from h3batch.loadrunner.sweep_settings import SweepSettings
+from h3batch.loadrunner.sweep_spec import parse_sweep_request, points
+from h3batch.loadrunner.sweep_store import BEAT_LOCK_KEY, create_sweep, get_sweep
 
 H3BATCH = str(Path(sys.executable).parent / "h3batch")
 SMALL = {"sessions": [1, 2], "load_frames": [6], "drain_s": 0.3, "tail_s": 0.0, "timeout_s": 5.0,
@@ -106,7 +106,7 @@ def test_sweep_end_to_end(worker, client, reference_url, redis_url, results_dir)
 
 def test_existing_report_is_ingested_not_rerun(redis_url, results_dir, tmp_path):
     """A point directory that already holds load-result.json is ingested; the dead server URL is never dialled."""
-    from loadrunner.sweep_tasks import execute_point
+    from h3batch.loadrunner.sweep_tasks import execute_point
 
     request = parse_sweep_request({**SMALL, "url": "ws://127.0.0.1:9/v1/realtime", "sessions": [1]})
     r = redis.Redis.from_url(redis_url, decode_responses=True)
@@ -192,7 +192,7 @@ def test_compose_services_and_schedule():
     aimed at the duplex-reference service's port."""
     import yaml
 
-    from loadrunner.sweep_settings import parse_schedule
+    from h3batch.loadrunner.sweep_settings import parse_schedule
 
     compose = yaml.safe_load((REPO_ROOT / "docker" / "compose.loadrunner.yml").read_text())
     assert list(compose) == ["services"]
@@ -209,8 +209,8 @@ def test_compose_services_and_schedule():
 
 
 @pytest.mark.parametrize("code,absent", [
-    ("import api.sweeps; from api import create_app; create_app({'TESTING': True})", ("torch", "numpy", "websockets")),
-    ("import loadrunner.celery_app, loadrunner.sweep_tasks, loadrunner.beat, loadrunner.server", ("torch",)),
+    ("import h3batch.api.sweeps; from api import create_app; create_app({'TESTING': True})", ("torch", "numpy", "websockets")),
+    ("import h3batch.loadrunner.celery_app, h3batch.loadrunner.sweep_tasks, h3batch.loadrunner.beat, h3batch.loadrunner.server", ("torch",)),
 ])
 def test_import_footprint(code, absent):
     """The API blueprint stays free of torch/numpy/websockets, and the sweep Celery app never imports torch."""

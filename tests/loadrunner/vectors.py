@@ -5,7 +5,7 @@ import base64
 
 import numpy as np
 
-from loadrunner.metrics import Send
+from h3batch.loadrunner.metrics import Send
 
 DATA_PLANE = {"vllm_omni": {"runtime_impl": "scheduler_data_plane", "uses_model_runner_scheduler": True,
                             "runner_kv_backed": True}}

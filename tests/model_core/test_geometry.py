@@ -1,4 +1,4 @@
-"""worker.h3.geometry: §7 worked examples, request validation and the canvas bucket rule."""
+"""h3batch.core.geometry: §7 worked examples, request validation and the canvas bucket rule."""
 from __future__ import annotations
 
 import subprocess
@@ -13,7 +13,7 @@ from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
     video_latent_num_frames,
 )
 
-from worker.h3.geometry import (
+from h3batch.core.geometry import (
     AUDIO_HOP,
     AUDIO_SAMPLE_RATE,
     FPS,
@@ -201,9 +201,9 @@ def test_bucket_canvas_rejects_bad_aspect(aspect):
 
 
 def test_geometry_imports_no_torch_or_numpy():
-    """The API process can import worker.h3.geometry without loading torch or numpy."""
+    """The API process can import h3batch.core.geometry without loading torch or numpy."""
     code = (
-        "import sys, worker.h3.geometry as g; g.RequestGeometry(1344, 768, 5); "
+        "import sys, h3batch.core.geometry as g; g.RequestGeometry(1344, 768, 5); "
         "bad = [m for m in ('torch', 'numpy') if m in sys.modules]; "
         "sys.exit(1 if bad else 0)"
     )

@@ -1,4 +1,4 @@
-"""worker.h3.packing: §4.2 layout and positions, latent ⇄ row packing, row timesteps, against the diffusers oracle."""
+"""h3batch.worker.h3.packing: §4.2 layout and positions, latent ⇄ row packing, row timesteps, against the diffusers oracle."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +10,8 @@ from diffusers.modular_pipelines.minimax_h3.before_denoise import (
     patchify_video_latents,
 )
 
-from worker.h3.geometry import RequestGeometry
-from worker.h3.packing import (
+from h3batch.core.geometry import RequestGeometry
+from h3batch.worker.h3.packing import (
     AUDIO_TAG,
     TEXT_TAG,
     VIDEO_TAG,
@@ -25,7 +25,7 @@ from worker.h3.packing import (
     unpack_audio,
     unpatchify_video,
 )
-from worker.h3.sampler import SigmaLadder
+from h3batch.worker.h3.sampler import SigmaLadder
 
 
 def tiny_geometry() -> RequestGeometry:

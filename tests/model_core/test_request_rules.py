@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from worker.h3.request_rules import RequestRuleError, check_sampler_fields
+from h3batch.core.request_rules import RequestRuleError, check_sampler_fields
 
 
 @pytest.mark.parametrize("fields", [
@@ -54,5 +54,5 @@ def test_step_execution_mode():
 
 def test_module_is_torch_free():
     """The API process can import the rules without torch."""
-    code = "import sys, worker.h3.request_rules; assert 'torch' not in sys.modules"
+    code = "import sys, h3batch.core.request_rules; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

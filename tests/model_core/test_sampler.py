@@ -1,4 +1,4 @@
-"""worker.h3.sampler: §9 sigma ladders, Euler update (§13.16–17) and seeded noise (§13.18)."""
+"""h3batch.worker.h3.sampler: §9 sigma ladders, Euler update (§13.16–17) and seeded noise (§13.18)."""
 from __future__ import annotations
 
 import pytest
@@ -6,8 +6,8 @@ import torch
 from diffusers.schedulers import MiniMaxH3Scheduler
 from diffusers.utils.torch_utils import randn_tensor
 
-from worker.h3.geometry import RequestGeometry
-from worker.h3.sampler import (
+from h3batch.core.geometry import RequestGeometry
+from h3batch.worker.h3.sampler import (
     AUDIO_SHIFT,
     NUM_FORWARDS,
     VIDEO_SHIFT,

@@ -1,4 +1,4 @@
-"""worker.h3.vsa: §10 VSA-H3 tiling plan (§13.19) and the dense-mask reference attention (§13.20)."""
+"""h3batch.worker.h3.vsa: §10 VSA-H3 tiling plan (§13.19) and the dense-mask reference attention (§13.20)."""
 from __future__ import annotations
 
 import math
@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from worker.h3.geometry import RequestGeometry
-from worker.h3.packing import build_packed_layout
-from worker.h3.vsa import (
+from h3batch.core.geometry import RequestGeometry
+from h3batch.worker.h3.packing import build_packed_layout
+from h3batch.worker.h3.vsa import (
     TILE_TOKENS,
     block_map,
     build_vsa_plan,

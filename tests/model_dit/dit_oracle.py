@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from diffusers import MiniMaxH3Transformer3DModel
 
-from worker.h3.config import H3Config
+from h3batch.worker.h3.config import H3Config
 
 # Top-level diffusers modules that the checkpoint keeps in fp32 (its `_keep_in_fp32_modules`).
 ORACLE_FP32_MODULES = ("proj_in", "audio_proj_in", "time_embedder", "proj_out", "audio_proj_out")

@@ -6,8 +6,8 @@ import pytest
 import torch
 from diffusers import MiniMaxH3Transformer3DModel
 
-from worker.h3.config import CONFIGS, H3_33B, T1, T2, H3Config, parameter_count
-from worker.h3.model import H3Transformer, count_parameters
+from h3batch.worker.h3.config import CONFIGS, H3_33B, T1, T2, H3Config, parameter_count
+from h3batch.worker.h3.model import H3Transformer, count_parameters
 
 
 def test_parameter_formula_33b():

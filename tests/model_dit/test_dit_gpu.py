@@ -4,11 +4,11 @@ import dataclasses
 
 import pytest
 import torch
-
 from dit_oracle import make_oracle, oracle_forward, oracle_to_mixed_bf16, t2va_inputs
-from worker.h3.config import H3_33B, T2
-from worker.h3.loader import load_diffusers_weights
-from worker.h3.model import H3Transformer
+
+from h3batch.worker.h3.config import H3_33B, T2
+from h3batch.worker.h3.loader import load_diffusers_weights
+from h3batch.worker.h3.model import H3Transformer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (Triton kernels)")
 

@@ -6,11 +6,11 @@ import logging
 import pytest
 import torch
 from diffusers import MiniMaxH3Transformer3DModel
+from dit_oracle import gate_tensors, make_oracle, t2va_inputs
 from safetensors.torch import save_file
 
-from dit_oracle import gate_tensors, make_oracle, t2va_inputs
-from worker.h3.config import H3_33B, T2
-from worker.h3.loader import (
+from h3batch.worker.h3.config import H3_33B, T2
+from h3batch.worker.h3.loader import (
     WeightFormat,
     assign_diffusers_weights,
     assign_native_weights,
@@ -22,7 +22,7 @@ from worker.h3.loader import (
     map_diffusers_name,
     swap_fc1_halves,
 )
-from worker.h3.model import H3Transformer, rope_inv_freq
+from h3batch.worker.h3.model import H3Transformer, rope_inv_freq
 
 
 @pytest.fixture(scope="module")
@@ -283,7 +283,7 @@ def test_native_unknown_names_warn_and_skip(oracle_weights, caplog):
     weights = dict(source.state_dict())
     weights["blocks.0.attn.unknown_proj.weight"] = torch.zeros(2, 2)
     target = fresh_model()
-    with caplog.at_level(logging.WARNING, logger="worker.h3.loader"):
+    with caplog.at_level(logging.WARNING, logger="h3batch.worker.h3.loader"):
         load_native_weights(target, weights, interleaved_qkv=False)
     assert "blocks.0.attn.unknown_proj.weight" in caplog.text
     assert all(torch.equal(t, target.state_dict()[n]) for n, t in source.state_dict().items())

@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-
 from dit_oracle import (
     gate_tensors,
     make_oracle,
@@ -12,9 +11,10 @@ from dit_oracle import (
     oracle_to_mixed_bf16,
     t2va_inputs,
 )
-from worker.h3.config import T1, T2, H3Config
-from worker.h3.loader import load_diffusers_weights
-from worker.h3.model import H3Transformer, RotaryEmbedding, apply_rope, timestep_sinusoid
+
+from h3batch.worker.h3.config import T1, T2, H3Config
+from h3batch.worker.h3.loader import load_diffusers_weights
+from h3batch.worker.h3.model import H3Transformer, RotaryEmbedding, apply_rope, timestep_sinusoid
 
 FP32_ATOL = 1e-4  # spec §13.3 asks ~1e-6; fp32 eager math here matches the oracle op for op
 BF16_ATOL = 5e-2  # spec §13.3, velocities of unit scale
@@ -257,7 +257,7 @@ def test_text_row_rope_leaves_h_w_pairs_and_tail_unrotated():
 
 def test_sparse_path_dense_plan_with_zero_gates_equals_dense(t2_pair):
     """A VSA plan with sparsity 0 (k = Nv) and zero gates gives the dense outputs; random gates change them."""
-    from worker.h3.vsa import build_vsa_plan
+    from h3batch.worker.h3.vsa import build_vsa_plan
 
     oracle, model = t2_pair
     inputs = t2va_inputs(T2, latent_frames=5)  # video grid (5, 2, 3): two (4,4,4) tiles
@@ -277,7 +277,7 @@ def test_sparse_path_without_gates_passes_zero_gates(t2_pair):
     """A gate-less model on the sparse path equals the gated model whose gates are zero."""
     oracle, zero_gated = t2_pair
     plain = native_from_oracle(T2, oracle)
-    from worker.h3.vsa import build_vsa_plan
+    from h3batch.worker.h3.vsa import build_vsa_plan
 
     plan = build_vsa_plan((7, 10), (5, 2, 3), sparsity=0.8)
     inputs = t2va_inputs(T2, latent_frames=5)

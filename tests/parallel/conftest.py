@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from worker.h3.tiny_release import build_tiny_release
+from h3batch.worker.h3.tiny_release import build_tiny_release
 
 
 @pytest.fixture(scope="session")

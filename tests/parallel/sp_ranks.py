@@ -42,13 +42,13 @@ class DitInputs:
 
 
 def vsa_plan():
-    from worker.h3.vsa import build_vsa_plan
+    from h3batch.worker.h3.vsa import build_vsa_plan
 
     return build_vsa_plan((TEXT_ROWS, AUDIO_ROWS), VIDEO_GRID)
 
 
 def load_dit(release_dir: Path, dtype: torch.dtype):
-    from worker.h3.loader import load_transformer
+    from h3batch.worker.h3.loader import load_transformer
 
     return load_transformer(Path(release_dir) / "transformer", vsa_gates=True, dtype=dtype)
 
@@ -63,7 +63,7 @@ def dit_outputs(model, inputs: DitInputs) -> dict[str, torch.Tensor]:
 
 def refusals(model, world: int) -> list[str]:
     """Messages of the ValueErrors raised by applying SP twice and by a head count the group does not divide."""
-    from worker.h3.parallel import SequenceParallel, apply_sequence_parallel, parallelize_attention
+    from h3batch.worker.h3.parallel import SequenceParallel, apply_sequence_parallel, parallelize_attention
 
     messages = []
     for attempt in (lambda: apply_sequence_parallel(model),
@@ -77,7 +77,7 @@ def refusals(model, world: int) -> list[str]:
 
 def sp_dit_rank(rank: int, world: int, port: int, release_dir: str, out_dir: str, dtype_name: str) -> None:
     """One gloo rank: load the tiny DiT, make it sequence-parallel, save its dense and VSA outputs."""
-    from worker.h3.parallel import apply_sequence_parallel
+    from h3batch.worker.h3.parallel import apply_sequence_parallel
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.multiprocessing as mp
-
 from sp_ranks import SEQUENCE, DitInputs, dit_outputs, free_port, load_dit, sp_dit_rank
-from worker.h3.parallel import RowShard
+
+from h3batch.worker.h3.parallel import RowShard
 
 FP32_ATOL = 1e-5
 

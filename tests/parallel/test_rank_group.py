@@ -13,10 +13,10 @@ import av
 import numpy as np
 import pytest
 
-from worker.pipeline import RenderCancelled, RenderRequest
-from worker.rank_group import RankGroupError, RankGroupPipeline, load_pipeline
+from h3batch.worker.pipeline import RenderCancelled, RenderRequest
+from h3batch.worker.rank_group import RankGroupError, RankGroupPipeline, load_pipeline
 
-H3BATCH = [sys.executable, "-m", "h3batch_cli"]
+H3BATCH = [sys.executable, "-m", "h3batch.cli"]
 PROMPT = "a red fox runs through snow"
 
 

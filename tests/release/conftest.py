@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.h3.tiny_release import TinyRelease, build_tiny_release
+from h3batch.worker.h3.tiny_release import TinyRelease, build_tiny_release
 
 SEED = 0
 

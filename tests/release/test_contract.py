@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.h3 import contract
-from worker.h3.contract import ContractError, check_contract, find_violations, validate_release
+from h3batch.worker.h3 import contract
+from h3batch.worker.h3.contract import ContractError, check_contract, find_violations, validate_release
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,7 +79,7 @@ def test_tiny_release_validates(tiny):
 def test_cli_summary_line_on_valid_release(tiny):
     """`h3batch check-release DIR` exits 0 with one line naming model id, contract hash, shards and tensors."""
     run = subprocess.run(
-        [sys.executable, "-m", "h3batch_cli", "check-release", str(tiny.release_dir)],
+        [sys.executable, "-m", "h3batch.cli", "check-release", str(tiny.release_dir)],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert run.returncode == 0, run.stderr

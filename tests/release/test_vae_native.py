@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from worker.h3 import vae_native
-from worker.h3.provenance import fetch_base_vaes
-from worker.h3.tiny_configs import TINY_AUDIO_VAE, TINY_VIDEO_VAE
-from worker.h3.tiny_release import random_audio_vae, random_video_vae
-from worker.h3.vae_native import (
+from h3batch.worker.h3 import vae_native
+from h3batch.worker.h3.provenance import fetch_base_vaes
+from h3batch.worker.h3.tiny_configs import TINY_AUDIO_VAE, TINY_VIDEO_VAE
+from h3batch.worker.h3.tiny_release import random_audio_vae, random_video_vae
+from h3batch.worker.h3.vae_native import (
     AUDIO_VAE_RULES,
     VIDEO_VAE_RULES,
     diffusers_to_native,

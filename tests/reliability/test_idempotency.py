@@ -6,8 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from api import idempotency
-from worker import keys
+from h3batch.api import idempotency
+from h3batch.core import keys
 
 from .conftest import KEY_A, KEY_B, SMALL, bearer
 
@@ -92,12 +92,12 @@ def test_bad_idempotency_keys_are_400(keyed_stack):
 
 def _owner_of(key: str) -> str:
     """The owner id (key id) the API records for jobs created with `key`."""
-    from api.auth import key_id, _digest  # noqa: PLC0415
+    from h3batch.api.auth import _digest, key_id  # noqa: PLC0415
 
     return key_id(_digest(key))
 
 
 def _validated(body: dict) -> dict:
-    from api.schemas import CreateJob  # noqa: PLC0415
+    from h3batch.api.schemas import CreateJob  # noqa: PLC0415
 
     return CreateJob.model_validate(body).model_dump(mode="json")

@@ -1,4 +1,4 @@
-"""The reaper (worker/reaper.py) and lease fencing (worker/lease.py): jobs that lost their message are re-sent, and a
+"""The reaper (worker/reaper.py) and lease fencing (core/lease.py): jobs that lost their message are re-sent, and a
 worker that comes back after its lease lapsed can neither finish nor clobber the job it used to hold."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import signal
 import time
 
-from worker import jobs
+from h3batch.core import jobs
 
 from .conftest import completed_events, post_job, wait_all_finished
 

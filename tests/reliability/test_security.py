@@ -12,8 +12,7 @@ import pytest
 import requests
 from kombu import Connection, Exchange, Producer
 
-from .conftest import (KEY_A, KEY_B, REPO, SMALL, ApiProcess, RedisServer, Stack, bearer, service_env,
-                       wait_all_finished)
+from .conftest import KEY_A, KEY_B, REPO, SMALL, ApiProcess, RedisServer, Stack, bearer, service_env, wait_all_finished
 
 SOURCE_DIRS = ("api", "worker", "kernels", "loadrunner", "bench", "docker")
 PICKLE_USE = re.compile(r"\bimport\s+(c?pickle|dill|cloudpickle|shelve)\b|\bfrom\s+(c?pickle|dill|cloudpickle)\s+import"
@@ -43,7 +42,7 @@ def served(tmp_path_factory, tiny_release):
 def test_keys_are_kept_as_digests_and_compared_in_constant_time():
     """create_app keeps only SHA-256 digests of H3BATCH_API_KEYS, and the check compares with hmac.compare_digest
     against every digest (no early exit on a match)."""
-    from api import auth, create_app  # noqa: PLC0415
+    from h3batch.api import auth, create_app  # noqa: PLC0415
 
     app = create_app({"API_KEYS": [KEY_A, KEY_B], "REDIS_URL": "redis://127.0.0.1:1/0"})
     digests = app.extensions["h3batch.key_digests"]
@@ -131,7 +130,7 @@ def test_queue_cap_answers_503_with_retry_after(keyed_stack, tmp_path):
 def test_celery_is_json_only_and_no_source_file_uses_pickle():
     """The Celery app serializes and accepts JSON only, and no h3batch source file imports pickle, dill or
     cloudpickle or calls torch.load (which unpickles)."""
-    from worker.celery_app import make_celery  # noqa: PLC0415
+    from h3batch.core.celery_app import make_celery  # noqa: PLC0415
 
     conf = make_celery("redis://127.0.0.1:1/0").conf
     assert conf.accept_content == ["json"] and conf.task_serializer == "json" and conf.result_serializer == "json"

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from worker.celery_app import make_celery
-from worker.watchdog import EXIT_STALLED
+from h3batch.core.celery_app import make_celery
+from h3batch.worker.watchdog import EXIT_STALLED
 
 from .conftest import H3BATCH, REPO, post_job, wait_all_finished
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from worker.h3.mp4 import probe_mp4
-from worker.h3.tiny_release import build_tiny_release
+from h3batch.worker.h3.mp4 import probe_mp4
+from h3batch.worker.h3.tiny_release import build_tiny_release
 
-H3BATCH = [sys.executable, "-m", "h3batch_cli"]
+H3BATCH = [sys.executable, "-m", "h3batch.cli"]
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 # putting the checkout first makes the real package win, as `python -m pytest` from the repo root does.
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-H3BATCH = [sys.executable, "-m", "h3batch_cli"]
+H3BATCH = [sys.executable, "-m", "h3batch.cli"]
 
 STEP_DELAY_S = 0.12
 """H3BATCH_DEBUG_STEP_DELAY_S of the session worker: each progress report sleeps this long, so a job runs for about

@@ -11,7 +11,8 @@ import pytest
 import requests
 from werkzeug.serving import make_server
 
-from api import create_app
+from h3batch.api import create_app
+
 from .conftest import REPO
 
 ERROR_KEYS = {"code", "message", "retryable", "request_id"}

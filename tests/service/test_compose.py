@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from worker.settings import ENV_VARS
+from h3batch.settings import ENV_VARS
 
 from .conftest import REPO
 

@@ -219,8 +219,8 @@ def test_job_survives_an_api_restart(redis_url, artifacts_dir, worker, tmp_path)
 def test_pickled_message_is_refused_and_nothing_runs(redis_url, worker, r):
     """A pickle-serialized render message is refused by the JSON-only worker (ContentDisallowed): the job it names
     stays queued and never starts."""
-    from worker import defaults, jobs
-    from worker.celery_app import make_celery
+    from h3batch.core import defaults, jobs
+    from h3batch.core.celery_app import make_celery
 
     job = jobs.create_job(r, jobs.JobSpec(prompt="pickle", seconds=4.0, width=256, height=128, seed=1))
     make_celery(redis_url).send_task(defaults.RENDER_TASK, args=[job["id"]], queue=defaults.RENDER_QUEUE,

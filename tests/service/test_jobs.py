@@ -1,4 +1,4 @@
-"""worker/jobs.py against real Redis: the transition table, claims and leases, progress guards, and cancel races."""
+"""core/jobs.py against real Redis: the transition table, claims and leases, progress guards, and cancel races."""
 from __future__ import annotations
 
 import threading
@@ -6,8 +6,8 @@ import threading
 import pytest
 import redis as redis_lib
 
-from worker import jobs, keys
-from worker.jobs import JobSpec, JobStatus
+from h3batch.core import jobs, keys
+from h3batch.core.jobs import JobSpec, JobStatus
 
 SPEC = JobSpec(prompt="rain", seconds=4.0, width=256, height=128, seed=1)
 TTL = 3600

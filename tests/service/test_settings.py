@@ -1,4 +1,4 @@
-"""worker/settings.py: env parsing with expected-vs-found errors, and the structured log line format."""
+"""h3batch/settings.py: env parsing with expected-vs-found errors, and the structured log line format."""
 from __future__ import annotations
 
 import io
@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from worker.exceptions import ConfigError
-from worker.settings import Settings, StructuredFormatter, configure_logging, redacted_url
+from h3batch.core.exceptions import ConfigError
+from h3batch.settings import Settings, StructuredFormatter, configure_logging, redacted_url
 
 
 def test_defaults_and_overrides_from_env():

@@ -18,10 +18,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from worker.h3 import vsa
-from worker.h3.vsa import TILE_TOKENS, build_vsa_plan, dense_attention
-from worker.h3.vsa import vsa_attention_reference as vsa_attention  # the oracle (vsa_attention dispatches CUDA here)
-from worker.h3.vsa_cuda import (
+from h3batch.worker.h3 import vsa
+from h3batch.worker.h3.vsa import TILE_TOKENS, build_vsa_plan, dense_attention
+from h3batch.worker.h3.vsa import (
+    vsa_attention_reference as vsa_attention,  # the oracle (vsa_attention dispatches CUDA here)
+)
+from h3batch.worker.h3.vsa_cuda import (
     build_block_mask,
     combine,
     fine_attention,

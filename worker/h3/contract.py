@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from h3batch.cli_args import OneLineArgumentParser
+
 CONTRACT_FILE = "fastvideo_inference.json"
 PROVENANCE_FILE = "provenance.json"
 MODULAR_INDEX_FILE = "modular_model_index.json"
@@ -400,17 +402,9 @@ def validate_release(path: str | Path) -> ReleaseInfo:
     )
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """argparse prints usage + error on bad arguments; the CLI contract is one line and exit 2."""
-
-    def error(self, message: str):  # type: ignore[override]
-        print(f"{self.prog}: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def main(argv: list[str]) -> int:
     """``h3batch check-release DIR``: one summary line and exit 0, or one line per violation and exit 2."""
-    parser = _OneLineErrorParser(prog="h3batch check-release", description="validate a FastH3 release directory")
+    parser = OneLineArgumentParser(prog="h3batch check-release", description="validate a FastH3 release directory")
     parser.add_argument("release_dir", help="release directory (holds fastvideo_inference.json)")
     args = parser.parse_args(argv)
     violations = find_violations(args.release_dir)

@@ -26,8 +26,8 @@ from typing import Iterable, Iterator, Mapping
 import torch
 from safetensors import safe_open
 
-from worker.h3.config import DIFFUSERS_CLASS_NAME, H3Config
-from worker.h3.model import H3Transformer, rope_inv_freq
+from h3batch.worker.h3.config import DIFFUSERS_CLASS_NAME, H3Config
+from h3batch.worker.h3.model import H3Transformer, rope_inv_freq
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kernels import (
+from h3batch.kernels import (
     indexed_gate,
     indexed_gate_rms_norm_scale_shift,
     indexed_scale_shift_,
@@ -35,7 +35,7 @@ from kernels import (
     rms_norm_indexed_scale_shift,
     swiglu,
 )
-from worker.h3.config import MODALITY_COUNT, H3Config
+from h3batch.worker.h3.config import MODALITY_COUNT, H3Config
 
 # Modules whose parameters stay fp32 whatever the stream dtype (the checkpoint stores them fp32), plus the RoPE buffer.
 FP32_MODULES = (
@@ -157,7 +157,7 @@ class AttentionCore(nn.Module):
             return F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=1.0 / math.sqrt(self.head_dim)
             ).transpose(1, 2)  # [B, S, heads, hd]
-        from worker.h3.vsa import vsa_attention  # sparse path only; keeps the dense model free of VSA imports
+        from h3batch.worker.h3.vsa import vsa_attention  # sparse path only; keeps the dense model free of VSA imports
 
         return vsa_attention(q, k, v, gate, vsa_plan)  # [B, S, heads, hd]
 
@@ -346,7 +346,7 @@ class H3Transformer(nn.Module):
         audio_indices: torch.Tensor,  # [Na] long
         text_indices: torch.Tensor,  # [L] long
         *,
-        vsa_plan: Any = None,  # worker.h3.vsa.VsaPlan: VSA-H3 in the DiT blocks; None = dense SDPA
+        vsa_plan: Any = None,  # h3batch.worker.h3.vsa.VsaPlan: VSA-H3 in the DiT blocks; None = dense SDPA
         refined_text: torch.Tensor | None = None,  # [B, L, H] from refine_text(); used instead of the text input
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x, temb, adaln_rows, rope = self.embed(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from worker.h3.geometry import AUDIO_CHANNELS, RequestGeometry
+from h3batch.core.geometry import AUDIO_CHANNELS, RequestGeometry
 
 VIDEO_TAG = 0
 TEXT_TAG = 1

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from worker.h3.model import H3Transformer
+from h3batch.worker.h3.model import H3Transformer
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 A validated release pins ``hf://MiniMaxAI/MiniMax-H3@<40-hex commit>``. From that repo, at exactly that commit, only
 ``FL2VA/video_vae/**`` and ``FL2VA/audio_vae/**`` are requested through ``huggingface_hub.snapshot_download`` (into the
 Hugging Face cache, never into the release directory); both folders must then be present. The returned path is the
-``FL2VA`` root that ``worker.h3.vae_native.load_video_vae`` / ``load_audio_vae`` read.
+``FL2VA`` root that ``h3batch.worker.h3.vae_native.load_video_vae`` / ``load_audio_vae`` read.
 
 Set ``HF_HUB_OFFLINE=1`` to resolve from the cache only (tests, air-gapped workers).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from worker.h3.contract import COMMIT_RE, VAE_ALLOW_PATTERNS, VAE_ROOT, ReleaseInfo, validate_release
+from h3batch.worker.h3.contract import COMMIT_RE, VAE_ALLOW_PATTERNS, VAE_ROOT, ReleaseInfo, validate_release
 
 
 class BaseModelError(ValueError):

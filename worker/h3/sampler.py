@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.h3.geometry import AUDIO_CHANNELS, RequestGeometry
+from h3batch.core.geometry import AUDIO_CHANNELS, RequestGeometry
 
 BASE_NODES = (0.999, 0.874, 0.749, 0.624, 0.5, 0.375, 0.25, 0.125, 0.0)
 """The 9 V2 base nodes u; the shift maps each to σ. Not a uniform grid."""

@@ -35,10 +35,11 @@ from typing import Any
 import torch
 from safetensors.torch import save as safetensors_bytes
 
-from worker.h3 import contract
-from worker.h3.config import DIFFUSERS_TO_NATIVE_FIELD, H3Config, T2
-from worker.h3.tiny_configs import TINY_AUDIO_VAE, TINY_TEXT_ENCODER, TINY_TEXT_HIDDEN_LAYER, TINY_VIDEO_VAE
-from worker.h3.vae_native import (
+from h3batch.cli_args import OneLineArgumentParser
+from h3batch.worker.h3 import contract
+from h3batch.worker.h3.config import DIFFUSERS_TO_NATIVE_FIELD, T2, H3Config
+from h3batch.worker.h3.tiny_configs import TINY_AUDIO_VAE, TINY_TEXT_ENCODER, TINY_TEXT_HIDDEN_LAYER, TINY_VIDEO_VAE
+from h3batch.worker.h3.vae_native import (
     AUDIO_VAE_RULES,
     VIDEO_VAE_RULES,
     audio_config_to_native,
@@ -410,16 +411,8 @@ def build_tiny_release(out: str | Path, hf_cache: str | Path | None = None, seed
     return TinyRelease(release, cache, TINY_ENTRY.base_repo_id, commit, snapshot, time.perf_counter() - start)
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """argparse prints usage + error on bad arguments; the CLI contract is one line and exit 2."""
-
-    def error(self, message: str):  # type: ignore[override]
-        print(f"{self.prog}: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def main(argv: list[str]) -> int:
-    parser = _OneLineErrorParser(prog="h3batch build-tiny", description="write the deterministic tiny V2 release")
+    parser = OneLineArgumentParser(prog="h3batch build-tiny", description="write the deterministic tiny V2 release")
     parser.add_argument("--out", required=True, help="release directory to create (must be empty or absent)")
     parser.add_argument("--hf-cache", default=None, help="Hugging Face hub cache for the tiny base repo "
                         "(default: $HF_HUB_CACHE, else OUT/../hf-cache)")

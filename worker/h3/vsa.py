@@ -158,7 +158,7 @@ def _check_plan(plan: VsaPlan, pos_in_tile: torch.Tensor) -> None:
 
 
 def vsa_plan_for_layout(layout, sparsity: float = V2_SPARSITY) -> VsaPlan:
-    """The plan of a `worker.h3.packing.PackedLayout` (prefix (L, 2A), its video grid), checked against its S."""
+    """The plan of a `h3batch.worker.h3.packing.PackedLayout` (prefix (L, 2A), its video grid), checked against its S."""
     plan = build_vsa_plan(tuple(layout.prefix_segments), tuple(layout.video_grid), sparsity)
     if plan.sequence_length != layout.sequence_length:
         raise ValueError(
@@ -254,11 +254,11 @@ def vsa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch
 
     q, k (after QK-norm and RoPE), v and gate (= to_gate_compress(h)): [B, S, heads, head_dim] in packed row order
     (text L, audio 2A, video raster). Returns [B, S, heads, head_dim] in the same order and q's dtype.
-    CUDA tensors take the block-sparse FlexAttention path (`worker.h3.vsa_cuda`, tested against the reference);
+    CUDA tensors take the block-sparse FlexAttention path (`h3batch.worker.h3.vsa_cuda`, tested against the reference);
     everything else runs the dense-mask reference below. Neither ever falls back to dense attention.
     """
     if q.is_cuda:
-        from worker.h3.vsa_cuda import vsa_attention_cuda  # lazy: compiles FlexAttention on first use
+        from h3batch.worker.h3.vsa_cuda import vsa_attention_cuda  # lazy: compiles FlexAttention on first use
 
         return vsa_attention_cuda(q, k, v, gate, plan)
     return vsa_attention_reference(q, k, v, gate, plan)

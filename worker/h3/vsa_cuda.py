@@ -1,6 +1,6 @@
 """Fast VSA-H3 (spec h3-model.md §10) for CUDA: PyTorch FlexAttention over the padded tile buffer, coarse branch aside.
 
-Same signature and math as the CPU reference `worker.h3.vsa.vsa_attention`; the reference builds an [S, S] token mask,
+Same signature and math as the CPU reference `h3batch.worker.h3.vsa.vsa_attention`; the reference builds an [S, S] token mask,
 this path never materialises anything larger than the [B, H, n, n] tile lists. Steps per call:
 
 1. Tile: gather q, k, v (packed rows, [B, S, H, D]) into the padded buffer [B, 64·n, H, D] of the plan (tile i owns
@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from worker.h3.vsa import TILE_TOKENS, VsaPlan, block_map
+from h3batch.worker.h3.vsa import TILE_TOKENS, VsaPlan, block_map
 
 DEFAULT_KERNEL_OPTIONS: Mapping[str, Any] = {
     "BLOCK_M": TILE_TOKENS,  # must divide the 64-row sparse block (one VSA tile)

@@ -1,6 +1,6 @@
 """Webhooks: a signed POST to a job's `webhook_url` when it reaches `completed`, `failed` or `cancelled`.
 
-Flow: `worker/jobs.py::transition` adds `<job id>:<event>` to the zset `h3b:webhooks:due` (score = due time) in the
+Flow: `core/jobs.py::transition` adds `<job id>:<event>` to the zset `h3b:webhooks:due` (score = due time) in the
 same MULTI/EXEC that finishes a job with a `webhook_url`, so a delivery is never lost between the state change and
 the send. A `WebhookDispatcher` thread (started in every GPU worker process) claims due entries with a Lua
 compare-and-bump (the score moves forward by a claim lease, so a dispatcher that dies mid-send only delays the
@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 import redis
 
-from worker import keys
+from h3batch.core import keys
 
 log = logging.getLogger("h3batch.webhooks")
 
@@ -284,7 +284,7 @@ def deliver_one(r: redis.Redis, settings: WebhookSettings, job_id: str, event: s
                 now: float | None = None) -> bool | None:
     """Make one attempt for (job, event); returns True delivered, False failed (maybe re-scheduled), None nothing
     to send (job gone, no URL, no secret)."""
-    from worker.jobs import load_job  # noqa: PLC0415  (jobs imports this module)
+    from h3batch.core.jobs import load_job  # noqa: PLC0415  (jobs imports this module)
 
     member = f"{job_id}:{event}"
     record = load_job(r, job_id)

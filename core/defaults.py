@@ -1,4 +1,4 @@
-"""Service tunables in one place; each constant has a doc line. Env vars (worker/settings.py) override some of them."""
+"""Service tunables in one place; each constant has a doc line. Env vars (h3batch/settings.py) override some of them."""
 from __future__ import annotations
 
 REDIS_URL = "redis://127.0.0.1:6379/0"

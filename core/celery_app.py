@@ -1,19 +1,19 @@
 """The Celery app: JSON-only messages, one `render` queue for GPU workers, settings for long GPU tasks (spec §3).
 
 `make_celery(redis_url)` builds a configured app; the API calls it to *send* (by task name, never importing
-worker.tasks, so no torch), the worker to consume. `app` below is the instance `celery -A worker.celery_app` finds.
+h3batch.worker.tasks, so no torch), the worker to consume. `app` below is the instance `celery -A h3batch.core.celery_app` finds.
 """
 from __future__ import annotations
 
 from celery import Celery
 
-from worker import defaults
-from worker.settings import Settings
+from h3batch.core import defaults
+from h3batch.settings import Settings
 
 
 def make_celery(redis_url: str, *, max_run_s: int = defaults.MAX_RUN_S, include_tasks: bool = False) -> Celery:
-    """A Celery app on `redis_url`; `include_tasks` registers worker.tasks (consumers only)."""
-    celery = Celery("h3batch", broker=redis_url, include=["worker.tasks"] if include_tasks else [])
+    """A Celery app on `redis_url`; `include_tasks` registers h3batch.worker.tasks (consumers only)."""
+    celery = Celery("h3batch", broker=redis_url, include=["h3batch.worker.tasks"] if include_tasks else [])
     # Redelivery of an unacked message after this long: keep it above the longest render (§3 pitfall 1), and set it
     # in all three places because apps sharing a Redis otherwise fall back to the shortest value.
     visibility = {"visibility_timeout": 2 * max_run_s}

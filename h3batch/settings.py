@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from worker import defaults
-from worker.exceptions import ConfigError
+from h3batch.core import defaults
+from h3batch.core.exceptions import ConfigError
 
 # name -> (default shown in docs, meaning). docs/service.md's table must list every one of these.
 ENV_VARS: dict[str, tuple[str, str]] = {
@@ -88,7 +88,7 @@ class Settings:
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # secrets: never in repr or logs
     hf_cache: Path | None = None
     device: str | None = None
-    ranks: str = "1"  # parsed by worker.rank_group.ranks_from_env when the pipeline loads ("auto" needs torch)
+    ranks: str = "1"  # parsed by h3batch.worker.rank_group.ranks_from_env when the pipeline loads ("auto" needs torch)
     worker_name: str = ""
     max_run_s: int = defaults.MAX_RUN_S
     result_ttl_s: int = defaults.RESULT_TTL_S

@@ -1,6 +1,6 @@
 """What a render may do while it holds its job's lease, and the per-job execution counters that prove it.
 
-worker/jobs.py takes and renews the lease (`h3b:lease:{id}` = `worker:attempt`); this module answers the questions
+core/jobs.py takes and renews the lease (`h3b:lease:{id}` = `worker:attempt`); this module answers the questions
 run_job asks around the render itself (spec §4):
 
 - Does this attempt still own the job? (`still_owner`: the lease value and the record's attempt both match.) A
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import redis
 
-from worker import keys
+from h3batch.core import keys
 
 log = logging.getLogger("h3batch.worker")
 

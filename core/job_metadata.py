@@ -11,8 +11,8 @@ import json
 from importlib import metadata as importlib_metadata
 from typing import Any
 
-from worker.h3 import request_rules
-from worker.h3.geometry import FPS, RequestGeometry
+from h3batch.core import request_rules
+from h3batch.core.geometry import FPS, RequestGeometry
 
 LIBRARIES = ("torch", "diffusers", "transformers", "h3batch", "av")
 """Packages whose versions every job records."""

@@ -1,7 +1,7 @@
 """Job records in Redis: create, read, list, progress, cancel, delete, and `transition`, the one function that changes
 a job's status.
 
-A record is the hash `h3b:job:{id}` (worker/keys.py); the API and the worker both go through this module, so the
+A record is the hash `h3b:job:{id}` (core/keys.py); the API and the worker both go through this module, so the
 lifecycle below is enforced in one place:
 
     queued ──► in_progress ──► completed ──► expired
@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 
-from worker import defaults, keys, webhooks
+from h3batch.core import defaults, keys, webhooks
 
 
 class JobStatus(str, enum.Enum):
@@ -82,7 +82,7 @@ class JobSpec:
     seed: int
     release: str | None = None
     owner: str = ""
-    webhook_url: str | None = None  # vetted by worker.webhooks.check_url at the door
+    webhook_url: str | None = None  # vetted by h3batch.core.webhooks.check_url at the door
     api: str = "jobs"  # which view created it: "jobs" or "openai" (/v1/videos); picks webhook event names
 
 
@@ -216,7 +216,7 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
                 update["status"] = to
                 if to in FINISHED and to is not JobStatus.EXPIRED:
                     update.setdefault("finished_at", now)
-                # A job with a webhook_url gets its delivery queued in this same transaction (worker/webhooks.py).
+                # A job with a webhook_url gets its delivery queued in this same transaction (core/webhooks.py).
                 hook = pipe.hget(key, "webhook_url") if to.value in TERMINAL_EVENTS else None
                 pipe.multi()
                 pipe.hset(key, mapping=_encode(update))
