@@ -12,7 +12,9 @@ import sys
 
 from h3batch.cli_args import OneLineArgumentParser
 from h3batch.core.exceptions import ConfigError
-from h3batch.settings import Settings, check_artifacts_dir, check_redis, configure_logging
+from h3batch.core.startup_checks import check_startup
+from h3batch.logs import configure_logging
+from h3batch.settings import Settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,8 +34,7 @@ def main(argv: list[str]) -> int:
         from h3batch.api.ratelimit import RateLimits  # noqa: PLC0415
 
         RateLimits.from_env()  # H3BATCH_RATE_*: a bad value is one line here, not a crash in every gunicorn worker
-        check_redis(settings.redis_url)
-        check_artifacts_dir(settings.artifacts_dir)
+        check_startup(settings)
     except ConfigError as exc:
         print(f"h3batch api: {exc}", file=sys.stderr)
         return 2

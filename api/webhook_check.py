@@ -1,12 +1,12 @@
 """Vet a `webhook_url` at the door (POST /jobs and POST /v1/videos), with the same rules the worker applies again at
-delivery time (core/webhooks.py): refused targets answer 422 `invalid_webhook_url`; a server without
+delivery time (core/webhook_urls.py): refused targets answer 422 `invalid_webhook_url`; a server without
 H3BATCH_WEBHOOK_SECRET answers 400 `webhooks_not_configured` (it could not sign the calls)."""
 from __future__ import annotations
 
 from flask import current_app
 
 from h3batch.api.errors import ApiError
-from h3batch.core.webhooks import WebhookRefused, WebhookSettings, check_url
+from h3batch.core.webhook_urls import WebhookRefused, WebhookSettings, check_url
 
 _EXTENSION_KEY = "h3batch.webhook_settings"
 

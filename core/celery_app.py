@@ -1,14 +1,14 @@
 """The Celery app: JSON-only messages, one `render` queue for GPU workers, settings for long GPU tasks (spec §3).
 
-`make_celery(redis_url)` builds a configured app; the API calls it to *send* (by task name, never importing
-h3batch.worker.tasks, so no torch), the worker to consume. `app` below is the instance `celery -A h3batch.core.celery_app` finds.
+`make_celery(redis_url)` builds a configured app; the API calls it on first use to *send* (by task name, never
+importing h3batch.worker.tasks, so no torch), the worker at start to consume. Nothing is built or read from the
+environment at import time.
 """
 from __future__ import annotations
 
 from celery import Celery
 
 from h3batch.core import defaults
-from h3batch.settings import Settings
 
 
 def make_celery(redis_url: str, *, max_run_s: int = defaults.MAX_RUN_S, include_tasks: bool = False) -> Celery:
@@ -47,6 +47,3 @@ def make_celery(redis_url: str, *, max_run_s: int = defaults.MAX_RUN_S, include_
     )
     return celery
 
-
-_env = Settings.from_env()
-app = make_celery(_env.redis_url, max_run_s=_env.max_run_s, include_tasks=True)

@@ -1,6 +1,9 @@
 """Named job failures. Each carries the stable `code` written to the job record's `error` and shown by the API."""
 from __future__ import annotations
 
+# Raised by h3batch.settings and the start-up checks; re-exported so job code finds every error here.
+from h3batch.settings import ConfigError  # noqa: F401
+
 
 class JobError(Exception):
     """Base: a job ended in `failed` for a reason the client can read."""
@@ -37,6 +40,3 @@ class RenderFailed(JobError):
 
     code = "render_error"
 
-
-class ConfigError(Exception):
-    """Misconfiguration found at process start; the CLI prints the message as one line and exits 2."""

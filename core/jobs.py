@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 
-from h3batch.core import defaults, keys, webhooks
+from h3batch.core import defaults, keys
 
 
 class JobStatus(str, enum.Enum):
@@ -82,7 +82,7 @@ class JobSpec:
     seed: int
     release: str | None = None
     owner: str = ""
-    webhook_url: str | None = None  # vetted by h3batch.core.webhooks.check_url at the door
+    webhook_url: str | None = None  # vetted by h3batch.core.webhook_urls.check_url at the door
     api: str = "jobs"  # which view created it: "jobs" or "openai" (/v1/videos); picks webhook event names
 
 
@@ -216,7 +216,8 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
                 update["status"] = to
                 if to in FINISHED and to is not JobStatus.EXPIRED:
                     update.setdefault("finished_at", now)
-                # A job with a webhook_url gets its delivery queued in this same transaction (core/webhooks.py).
+                # A job with a webhook_url gets its delivery queued in this same transaction: the key
+                # keys.WEBHOOKS_DUE is all the two sides share (worker/webhook_delivery.py sends it).
                 hook = pipe.hget(key, "webhook_url") if to.value in TERMINAL_EVENTS else None
                 pipe.multi()
                 pipe.hset(key, mapping=_encode(update))
@@ -238,7 +239,7 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
                         pipe.expire(keys.events(job_id), record_ttl_s)
                     pipe.publish(keys.done_channel(job_id), to.value)
                 if hook:
-                    webhooks.schedule(pipe, job_id, to.value, now)
+                    pipe.zadd(keys.WEBHOOKS_DUE, {f"{job_id}:{to.value}": now})
                 pipe.execute()
                 break
             except redis.WatchError:

@@ -31,6 +31,9 @@ RECONCILE_LOCK = f"{PREFIX}:reconcile"
 SEQ = f"{PREFIX}:seq"
 STATS = f"{PREFIX}:stats"
 WORKER_PATTERN = f"{PREFIX}:worker:*"
+WEBHOOKS_DUE = f"{PREFIX}:webhooks:due"
+"""zset of pending webhook deliveries: member `<job id>:<event>`, score = Unix time the next attempt is due.
+Written by core/jobs.py::transition in the MULTI that finishes a job; read by worker/webhook_delivery.py."""
 
 
 def job(job_id: str) -> str:

@@ -1,54 +1,42 @@
-"""Process configuration from `H3BATCH_*` environment variables, read once at the edge into a frozen dataclass.
+"""Every `H3BATCH_*` environment variable, declared once and read once at the edge into a frozen `Settings`.
 
-Also holds the start-up checks (Redis reachable, release present, artifacts dir writable) whose failures the
-`h3batch api|worker|serve` mains print as one line before exiting 2, and the structured log format every h3batch
-process uses (key=value lines by default, JSON lines with H3BATCH_LOG_FORMAT=json), since both are part of how a
-process is configured. docs/service.md has the table of variables; tests/service checks the two stay in sync.
+`VARS` lists each variable with its default (as docs show it) and a doc line; docs/service.md's table is checked
+against it by tests/h3batch/test_settings.py, which also greps the product code for any `H3BATCH_*` name missing here.
+`Settings.from_env()` parses them all (a bad value raises `ConfigError` naming the variable, which the `h3batch`
+commands print as one line before exiting 2); each process calls it at start and passes the object (or the part a
+room needs: `WebhookSettings`, `RateLimits`, `SweepSettings`) down.
+
+This module is the bottom floor: stdlib only, so the API, the worker, the kernels and the load runner can all read
+their configuration from it without importing each other.
 """
 from __future__ import annotations
 
-import json
-import logging
 import os
 import socket
-import sys
-import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Mapping
-
-from h3batch.core import defaults
-from h3batch.core.exceptions import ConfigError
-
-# name -> (default shown in docs, meaning). docs/service.md's table must list every one of these.
-ENV_VARS: dict[str, tuple[str, str]] = {
-    "H3BATCH_REDIS_URL": (defaults.REDIS_URL, "Redis URL: Celery broker and job records"),
-    "H3BATCH_ARTIFACTS_DIR": (defaults.ARTIFACTS_DIR, "shared directory for MP4s (worker writes, API reads)"),
-    "H3BATCH_RELEASE": (defaults.RELEASE_DIR, "release directory the worker serves"),
-    "H3BATCH_API_KEYS": ("(unset: open API)", "comma-separated Bearer keys accepted by the API"),
-    "H3BATCH_HF_CACHE": ("<release>/../hf-cache", "Hugging Face cache holding the base VAE"),
-    "H3BATCH_DEVICE": ("(auto: cuda if present, else cpu)", "torch device for the pipeline"),
-    "H3BATCH_RANKS": ("1", "sequence-parallel ranks per worker: N resident processes, one GPU each (`auto`: every "
-                      "visible GPU); see docs/parallelism.md"),
-    "H3BATCH_WORKER_NAME": ("<hostname>-<pid>", "worker name in heartbeats and job records"),
-    "H3BATCH_MAX_RUN_S": (str(defaults.MAX_RUN_S), "longest render; visibility timeout is twice this"),
-    "H3BATCH_RESULT_TTL_S": (str(defaults.RESULT_TTL_S), "seconds a finished MP4 stays downloadable"),
-    "H3BATCH_MAX_QUEUED": (str(defaults.MAX_QUEUED), "queued jobs at which POST /jobs answers 503 queue_full"),
-    "H3BATCH_MAX_PROMPT_CHARS": (str(defaults.MAX_PROMPT_CHARS), "longest prompt accepted"),
-    "H3BATCH_LEASE_TTL_S": (str(defaults.LEASE_TTL_MS // 1000), "a running job's lease lapses this long after its "
-                            "worker's last heartbeat; then the reconciler re-enqueues it"),
-    "H3BATCH_RECONCILE_INTERVAL_S": (str(int(defaults.RECONCILE_INTERVAL_S)), "how often one worker re-enqueues "
-                                     "running jobs whose lease lapsed"),
-    "H3BATCH_LOG_FORMAT": ("kv", "`kv` (key=value lines) or `json` (JSON lines)"),
-    "H3BATCH_LOG_LEVEL": ("INFO", "Python log level"),
-    "H3BATCH_DEBUG_STEP_DELAY_S": ("0", "test knob: extra sleep at each progress report (widens cancel windows)"),
-}
+from typing import Any
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
+class ConfigError(ValueError):
+    """Misconfiguration found at process start; the CLI prints the message as one line and exits 2."""
+
+
+@dataclass(frozen=True)
+class Var:
+    """One environment variable: its name, the `Settings` field it fills, its default as docs show it, its meaning."""
+
+    name: str
+    field: str
+    default: str
+    doc: str
+    room: str  # who reads it: service, worker, api, webhooks, kernels, loadrunner, client
+
+
+# --- parsers: each takes the raw text (already stripped, never empty) and the variable name for its message ---
+
+def _positive_int(name: str, raw: str) -> int:
     try:
         value = int(raw)
     except ValueError:
@@ -58,47 +46,225 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
+def _non_negative_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}: expected an integer, found {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"{name}: expected an integer >= 0, found {value}")
+    return value
+
+
+def _non_negative_float(name: str, raw: str) -> float:
     try:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name}: expected a number, found {raw!r}") from None
-    if not value >= 0:
+    if not 0 <= value < float("inf"):  # also refuses nan
         raise ConfigError(f"{name}: expected a number >= 0, found {raw!r}")
     return value
 
 
-def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
-    value = _float(env, name, default)
+def _positive_float(name: str, raw: str) -> float:
+    value = _non_negative_float(name, raw)
     if value <= 0:
-        raise ConfigError(f"{name}: expected a number > 0, found {env.get(name)!r}")
+        raise ConfigError(f"{name}: expected a number > 0, found {raw!r}")
     return value
+
+
+def _flag(name: str, raw: str) -> bool:
+    value = raw.lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}: expected 1/0, true/false, yes/no or on/off, found {raw!r}")
+
+
+def _choice(*allowed: str) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        if raw not in allowed:
+            raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, found {raw!r}")
+        return raw
+    return parse
+
+
+def _ranks(name: str, raw: str) -> str:
+    # "auto" needs torch to count GPUs, so the worker resolves it when the pipeline loads.
+    if raw != "auto" and not (raw.isascii() and raw.isdigit() and int(raw) >= 1):
+        raise ConfigError(f"{name}: expected a positive integer or 'auto', found {raw!r}")
+    return raw
+
+
+def _beat_lock_ttl(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}: expected an integer, found {raw!r}") from None
+    if value < 3:
+        raise ConfigError(f"{name}: expected at least 3 seconds, found {value}")
+    return value
+
+
+def _keys(name: str, raw: str) -> tuple[str, ...]:
+    return tuple(k.strip() for k in raw.split(",") if k.strip())
+
+
+def _text(name: str, raw: str) -> str:
+    return raw
+
+
+def _path(name: str, raw: str) -> Path:
+    return Path(raw)
+
+
+def _level(name: str, raw: str) -> str:
+    value = raw.upper()
+    if value not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ConfigError(f"{name}: expected DEBUG, INFO, WARNING, ERROR or CRITICAL, found {raw!r}")
+    return value
+
+
+# name, Settings field, default shown in docs, parser, room, doc line. Order: the table in docs/service.md.
+_TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = (
+    # service (API and worker)
+    ("H3BATCH_REDIS_URL", "redis_url", "redis://127.0.0.1:6379/0", _text, "service",
+     "Redis URL: Celery broker and job records (give h3batch its own DB)"),
+    ("H3BATCH_ARTIFACTS_DIR", "artifacts_dir", "var/artifacts", _path, "service",
+     "shared directory for MP4s (worker writes, API reads and deletes)"),
+    ("H3BATCH_RELEASE", "release_dir", "var/tiny-release", _path, "service", "release directory the worker serves"),
+    ("H3BATCH_MAX_RUN_S", "max_run_s", "600", _positive_int, "service",
+     "longest render; visibility timeout is twice this"),
+    ("H3BATCH_RESULT_TTL_S", "result_ttl_s", "86400", _positive_int, "service",
+     "seconds a finished MP4 stays downloadable"),
+    ("H3BATCH_MAX_QUEUED", "max_queued", "1000", _positive_int, "service",
+     "queued jobs at which POST /jobs answers 503 queue_full"),
+    ("H3BATCH_MAX_PROMPT_CHARS", "max_prompt_chars", "4000", _positive_int, "service", "longest prompt accepted"),
+    ("H3BATCH_LEASE_TTL_S", "lease_ttl_s", "30", _positive_float, "service",
+     "a running job's lease lapses this long after its worker's last heartbeat (heartbeat period = min(5 s, "
+     "TTL/3)); the reconciler then re-enqueues the job"),
+    ("H3BATCH_RECONCILE_INTERVAL_S", "reconcile_interval_s", "10", _positive_float, "service",
+     "how often one worker (under a lock) re-enqueues running jobs whose lease lapsed"),
+    ("H3BATCH_LOG_FORMAT", "log_format", "kv", _choice("kv", "json"), "service",
+     "`kv` (key=value lines) or `json` (JSON lines)"),
+    ("H3BATCH_LOG_LEVEL", "log_level", "INFO", _level, "service", "Python log level"),
+    # API
+    ("H3BATCH_API_KEYS", "api_keys", "(unset: open API)", _keys, "api",
+     "comma-separated Bearer keys; kept only as SHA-256 digests, never logged"),
+    ("H3BATCH_RATE_CREATES_PER_MIN", "rate_creates_per_min", "60", _non_negative_int, "api",
+     "job creations per minute per key (0: unlimited)"),
+    ("H3BATCH_RATE_READS_PER_MIN", "rate_reads_per_min", "600", _non_negative_int, "api",
+     "other requests per minute per key (0: unlimited)"),
+    ("H3BATCH_SSE_MAX_STREAMS", "sse_max_streams", "4", _positive_int, "api",
+     "concurrent SSE event streams per API process"),
+    ("H3BATCH_SSE_MAX_S", "sse_max_s", "300", _positive_float, "api",
+     "longest one SSE stream stays open (the client reconnects with Last-Event-ID)"),
+    ("H3BATCH_SSE_KEEPALIVE_S", "sse_keepalive_s", "15", _positive_float, "api",
+     "seconds between SSE keep-alive comments"),
+    ("H3BATCH_OPENAI_MODEL", "openai_model", "FastVideo/FastVideo-FastH3-8-Step-V2", _text, "api",
+     "the `model` name /v1/videos reports and accepts"),
+    # worker
+    ("H3BATCH_HF_CACHE", "hf_cache", "<release>/../hf-cache", _path, "worker",
+     "Hugging Face cache holding the base VAE (set `HF_HUB_OFFLINE=1` to forbid downloads)"),
+    ("H3BATCH_DEVICE", "device", "(auto: cuda if present, else cpu)", _text, "worker",
+     "torch device for the pipeline"),
+    ("H3BATCH_RANKS", "ranks", "1", _ranks, "worker",
+     "sequence-parallel ranks per worker: N resident processes, one GPU each (`auto`: every visible GPU); see "
+     "docs/parallelism.md"),
+    ("H3BATCH_WORKER_NAME", "worker_name", "<hostname>-<pid>", _text, "worker",
+     "worker name in heartbeats and job records"),
+    ("H3BATCH_STALL_S", "stall_s", "60", _non_negative_float, "worker",
+     "seconds a worker may sit idle while work waits before it exits to be restarted (0: never)"),
+    ("H3BATCH_DEBUG_STEP_DELAY_S", "debug_step_delay_s", "0", _non_negative_float, "worker",
+     "test knob: the worker sleeps this long at each progress report (widens cancel windows in tests)"),
+    # webhooks (API vets URLs, workers deliver)
+    ("H3BATCH_WEBHOOK_SECRET", "webhook_secret", "(unset: webhooks off)", _text, "webhooks",
+     "signing secret (`whsec_` + base64) for webhook deliveries"),
+    ("H3BATCH_WEBHOOK_ALLOW_LOOPBACK", "webhook_allow_loopback", "0", _flag, "webhooks",
+     "accept webhook URLs on loopback addresses (local testing only)"),
+    ("H3BATCH_WEBHOOK_ALLOW_PRIVATE", "webhook_allow_private", "0", _flag, "webhooks",
+     "accept webhook URLs on private-range addresses"),
+    ("H3BATCH_WEBHOOK_MAX_ATTEMPTS", "webhook_max_attempts", "9", _positive_int, "webhooks",
+     "delivery attempts before a webhook is given up"),
+    ("H3BATCH_WEBHOOK_RETRY_BASE_S", "webhook_retry_base_s", "5", _positive_float, "webhooks",
+     "first retry delay; each later one is 4x longer (capped at 10 h)"),
+    ("H3BATCH_WEBHOOK_TIMEOUT_S", "webhook_timeout_s", "10", _positive_float, "webhooks",
+     "timeout of one webhook POST"),
+    # kernels
+    ("H3BATCH_KERNEL_BACKEND", "kernel_backend", "(auto)", _choice("triton", "torch"), "kernels",
+     "fused-op backend when a call leaves it open: `triton` or `torch`"),
+    ("H3BATCH_MODULATION_PRECISION", "modulation_precision", "(auto)", _choice("generic", "sm90_bf16_affine"),
+     "kernels", "rounding of the fused modulation ops: `generic` or `sm90_bf16_affine` (Hopper)"),
+    # load runner
+    ("H3BATCH_SWEEP_RESULTS_DIR", "sweep_results_dir", "./sweep-results", _path, "loadrunner",
+     "per-sweep directories: point reports, summary JSON/CSV, PNG plots"),
+    ("H3BATCH_SWEEP_QUEUE", "sweep_queue", "loadrunner", _text, "loadrunner",
+     "Celery queue consumed by `h3batch sweep-worker`"),
+    ("H3BATCH_SWEEP_SCHEDULE", "sweep_schedule", "(empty: no scheduled sweeps)", _text, "loadrunner",
+     "beat schedule: JSON text, or a path to a JSON file"),
+    ("H3BATCH_BEAT_LOCK_TTL_S", "beat_lock_ttl_s", "30", _beat_lock_ttl, "loadrunner",
+     "expiry of the single-beat Redis lock; renewed every third of it"),
+    ("H3BATCH_BEAT_SCHEDULE_FILE", "beat_schedule_file", "<results dir>/celerybeat-schedule", _path, "loadrunner",
+     "celery beat's last-run state file"),
+    # client CLI (`h3batch submit`)
+    ("H3BATCH_API_URL", "api_url", "http://127.0.0.1:8000", _text, "client", "API base URL for `h3batch submit`"),
+    ("H3BATCH_API_KEY", "api_key", "(unset)", _text, "client", "Bearer key `h3batch submit` sends"),
+    # benchmarks
+    ("H3BATCH_GIT_REV", "git_rev", "unknown", _text, "bench", "git revision recorded in benchmark JSON"),
+)
+
+VARS: tuple[Var, ...] = tuple(Var(name, fld, default, doc, room) for name, fld, default, _, room, doc in _TABLE)
+"""Every variable, in the order docs/service.md lists them."""
+
+BY_NAME: dict[str, Var] = {var.name: var for var in VARS}
+_PARSERS: dict[str, Callable[[str, str], Any]] = {name: parse for name, _, _, parse, _, _ in _TABLE}
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything an h3batch process reads from its environment."""
+    """Everything an h3batch process reads from its environment (field defaults = unset variables)."""
 
-    redis_url: str = defaults.REDIS_URL
-    artifacts_dir: Path = Path(defaults.ARTIFACTS_DIR)
-    release_dir: Path = Path(defaults.RELEASE_DIR)
-    api_keys: tuple[str, ...] = field(default=(), repr=False)  # secrets: never in repr or logs
-    hf_cache: Path | None = None
-    device: str | None = None
-    ranks: str = "1"  # parsed by h3batch.worker.rank_group.ranks_from_env when the pipeline loads ("auto" needs torch)
-    worker_name: str = ""
-    max_run_s: int = defaults.MAX_RUN_S
-    result_ttl_s: int = defaults.RESULT_TTL_S
-    max_queued: int = defaults.MAX_QUEUED
-    max_prompt_chars: int = defaults.MAX_PROMPT_CHARS
-    lease_ttl_s: float = defaults.LEASE_TTL_MS / 1000
-    reconcile_interval_s: float = defaults.RECONCILE_INTERVAL_S
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    artifacts_dir: Path = Path("var/artifacts")
+    release_dir: Path = Path("var/tiny-release")
+    max_run_s: int = 600
+    result_ttl_s: int = 86_400
+    max_queued: int = 1000
+    max_prompt_chars: int = 4000
+    lease_ttl_s: float = 30.0
+    reconcile_interval_s: float = 10.0
     log_format: str = "kv"
     log_level: str = "INFO"
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # secrets: never in repr or logs
+    rate_creates_per_min: int = 60
+    rate_reads_per_min: int = 600
+    sse_max_streams: int = 4
+    sse_max_s: float = 300.0
+    sse_keepalive_s: float = 15.0
+    openai_model: str = "FastVideo/FastVideo-FastH3-8-Step-V2"
+    hf_cache: Path | None = None
+    device: str | None = None
+    ranks: str = "1"
+    worker_name: str = ""
+    stall_s: float = 60.0
     debug_step_delay_s: float = 0.0
+    webhook_secret: str | None = field(default=None, repr=False)
+    webhook_allow_loopback: bool = False
+    webhook_allow_private: bool = False
+    webhook_max_attempts: int = 9
+    webhook_retry_base_s: float = 5.0
+    webhook_timeout_s: float = 10.0
+    kernel_backend: str | None = None
+    modulation_precision: str | None = None
+    sweep_results_dir: Path = Path("./sweep-results")
+    sweep_queue: str = "loadrunner"
+    sweep_schedule: str = ""
+    beat_lock_ttl_s: int = 30
+    beat_schedule_file: Path | None = None
+    api_url: str = "http://127.0.0.1:8000"
+    api_key: str | None = field(default=None, repr=False)
+    git_rev: str = "unknown"
 
     @property
     def hf_cache_dir(self) -> Path:
@@ -108,7 +274,7 @@ class Settings:
     @property
     def heartbeat_interval_s(self) -> float:
         """Heartbeat (and lease renewal) period: 5 s, or a third of a shorter lease so it never lapses mid-job."""
-        return min(defaults.HEARTBEAT_INTERVAL_S, self.lease_ttl_s / 3)
+        return min(5.0, self.lease_ttl_s / 3)
 
     @property
     def visibility_timeout_s(self) -> int:
@@ -116,128 +282,47 @@ class Settings:
         return 2 * self.max_run_s
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Parse every variable of `VARS` from `env` (default: os.environ); unset or blank keeps the default."""
         env = os.environ if env is None else env
-        log_format = env.get("H3BATCH_LOG_FORMAT", "kv").strip() or "kv"
-        if log_format not in ("kv", "json"):
-            raise ConfigError(f"H3BATCH_LOG_FORMAT: expected 'kv' or 'json', found {log_format!r}")
-        keys = tuple(k.strip() for k in env.get("H3BATCH_API_KEYS", "").split(",") if k.strip())
-        hf_cache = env.get("H3BATCH_HF_CACHE", "").strip()
-        ranks = env.get("H3BATCH_RANKS", "").strip() or "1"
-        if ranks != "auto" and not (ranks.isdigit() and int(ranks) >= 1):
-            raise ConfigError(f"H3BATCH_RANKS: expected a positive integer or 'auto', found {ranks!r}")
-        return cls(
-            redis_url=env.get("H3BATCH_REDIS_URL", "").strip() or defaults.REDIS_URL,
-            artifacts_dir=Path(env.get("H3BATCH_ARTIFACTS_DIR", "").strip() or defaults.ARTIFACTS_DIR),
-            release_dir=Path(env.get("H3BATCH_RELEASE", "").strip() or defaults.RELEASE_DIR),
-            api_keys=keys,
-            hf_cache=Path(hf_cache) if hf_cache else None,
-            device=env.get("H3BATCH_DEVICE", "").strip() or None,
-            ranks=ranks,
-            worker_name=env.get("H3BATCH_WORKER_NAME", "").strip() or f"{socket.gethostname()}-{os.getpid()}",
-            max_run_s=_int(env, "H3BATCH_MAX_RUN_S", defaults.MAX_RUN_S),
-            result_ttl_s=_int(env, "H3BATCH_RESULT_TTL_S", defaults.RESULT_TTL_S),
-            max_queued=_int(env, "H3BATCH_MAX_QUEUED", defaults.MAX_QUEUED),
-            max_prompt_chars=_int(env, "H3BATCH_MAX_PROMPT_CHARS", defaults.MAX_PROMPT_CHARS),
-            lease_ttl_s=_positive_float(env, "H3BATCH_LEASE_TTL_S", defaults.LEASE_TTL_MS / 1000),
-            reconcile_interval_s=_positive_float(env, "H3BATCH_RECONCILE_INTERVAL_S", defaults.RECONCILE_INTERVAL_S),
-            log_format=log_format,
-            log_level=(env.get("H3BATCH_LOG_LEVEL", "").strip() or "INFO").upper(),
-            debug_step_delay_s=_float(env, "H3BATCH_DEBUG_STEP_DELAY_S", 0.0),
-        )
+        values: dict[str, Any] = {}
+        for var in VARS:
+            raw = env.get(var.name, "").strip()
+            if raw:
+                values[var.field] = _PARSERS[var.name](var.name, raw)
+        if not values.get("worker_name"):
+            values["worker_name"] = f"{socket.gethostname()}-{os.getpid()}"
+        return cls(**values)
 
 
-# --- start-up checks: each raises ConfigError with one line naming what was expected and what was found ---
-
-def redacted_url(url: str) -> str:
-    """The Redis URL without its password, for messages and logs."""
-    from urllib.parse import urlsplit, urlunsplit  # noqa: PLC0415
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+def env_value(name: str, env: Mapping[str, str] | None = None) -> Any:
+    """The parsed value of one declared variable (None when unset), for code that must read it at call time
+    rather than at start (the kernels' backend switch, which tests flip per call). Undeclared names raise."""
+    if name not in BY_NAME:
+        raise KeyError(f"{name} is not declared in h3batch.settings.VARS")
+    raw = (os.environ if env is None else env).get(name, "").strip()
+    return _PARSERS[name](name, raw) if raw else None
 
 
-def check_redis(url: str, timeout_s: float = 3.0) -> None:
-    """Raise ConfigError unless a Redis answers PING at `url`."""
-    import redis  # noqa: PLC0415
-
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
-    except ValueError as exc:
-        raise ConfigError(f"H3BATCH_REDIS_URL: expected redis://host:port/db, found {redacted_url(url)!r} ({exc})")
-    try:
-        client.ping()
-    except redis.exceptions.RedisError as exc:
-        raise ConfigError(f"H3BATCH_REDIS_URL: Redis at {redacted_url(url)} is not reachable "
-                          f"({type(exc).__name__}: {exc})") from None
-    finally:
-        client.close()
+def markdown_table() -> str:
+    """The configuration table of docs/service.md, generated from VARS (`python -m h3batch.settings` prints it)."""
+    rows = ["| Variable | Default | Read by | Meaning |", "|---|---|---|---|"]
+    for var in VARS:
+        default = var.default if var.default.startswith("(") or var.default.startswith("<") else f"`{var.default}`"
+        rows.append(f"| `{var.name}` | {default} | {var.room} | {var.doc} |")
+    return "\n".join(rows)
 
 
-def check_artifacts_dir(path: Path) -> None:
-    """Create the artifacts dir if needed and prove it is writable; ConfigError otherwise."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-probe-{os.getpid()}"
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"H3BATCH_ARTIFACTS_DIR: expected a writable directory, found {str(path)!r} "
-                          f"({exc.strerror or exc})") from None
+def _check_table() -> None:
+    # Import-time self-check: the table and the dataclass name the same fields.
+    declared = {var.field for var in VARS}
+    dataclass_fields = {f.name for f in fields(Settings)}
+    if declared != dataclass_fields:
+        raise AssertionError(f"settings table and Settings differ: {sorted(declared ^ dataclass_fields)}")
 
 
-def check_release_dir(path: Path) -> None:
-    """Cheap presence check before the pipeline's own contract check (which names the failing field)."""
-    if not path.is_dir():
-        raise ConfigError(f"H3BATCH_RELEASE: expected a release directory, found {str(path)!r} (no such directory; "
-                          f"build the tiny one with `h3batch build-tiny --out {path}`)")
+_check_table()
 
 
-# --- structured logs ---
-
-_STANDARD_RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
-
-
-class StructuredFormatter(logging.Formatter):
-    """One line per record: `ts=… level=… logger=… msg="…" job_id=…` (kv) or the same fields as JSON."""
-
-    def __init__(self, fmt: str = "kv"):
-        super().__init__()
-        self.fmt = fmt
-
-    def format(self, record: logging.LogRecord) -> str:
-        fields: dict[str, object] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key, value in vars(record).items():  # fields passed with extra={...}, e.g. job_id
-            if key not in _STANDARD_RECORD_FIELDS and not key.startswith("_"):
-                fields[key] = value
-        if record.exc_info:
-            fields["exc"] = self.formatException(record.exc_info)
-        if self.fmt == "json":
-            return json.dumps(fields, default=str)
-        return " ".join(f"{k}={_kv_value(v)}" for k, v in fields.items())
-
-
-def _kv_value(value: object) -> str:
-    text = str(value)
-    if text and not any(c in text for c in ' "=\n\t'):
-        return text
-    return json.dumps(text)
-
-
-def configure_logging(settings: Settings, stream=None) -> None:
-    """Route every logger through one structured handler on stderr (idempotent)."""
-    root = logging.getLogger()
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(StructuredFormatter(settings.log_format))
-    handler.set_name("h3batch")
-    root.handlers = [h for h in root.handlers if h.get_name() != "h3batch"] + [handler]
-    root.setLevel(settings.log_level)
+if __name__ == "__main__":
+    print(markdown_table())

@@ -1,29 +1,24 @@
-"""Sweep configuration from `H3BATCH_*` environment variables, read once into a frozen dataclass (stdlib only).
-
-| Variable | Default | Meaning |
-| --- | --- | --- |
-| H3BATCH_REDIS_URL | redis://127.0.0.1:6379/0 | Celery broker and sweep records (shared with the service) |
-| H3BATCH_SWEEP_RESULTS_DIR | ./sweep-results | per-sweep directories: point reports, summary JSON/CSV, PNG plots |
-| H3BATCH_SWEEP_QUEUE | loadrunner | Celery queue consumed by `h3batch sweep-worker` |
-| H3BATCH_SWEEP_SCHEDULE | (empty: no scheduled sweeps) | beat schedule: JSON text, or a path to a JSON file |
-| H3BATCH_BEAT_LOCK_TTL_S | 30 | expiry of the single-beat Redis lock; renewed every third of it |
-| H3BATCH_BEAT_SCHEDULE_FILE | <results dir>/celerybeat-schedule | celery beat's last-run state file |
+"""The sweep side of the configuration: `SweepSettings`, built from the one `h3batch.settings.Settings`, and
+the beat schedule parser. The variables (H3BATCH_REDIS_URL, H3BATCH_SWEEP_*, H3BATCH_BEAT_*) are declared with
+their defaults in h3batch/settings.py and listed in docs/service.md; stdlib only, like that module.
 """
 from __future__ import annotations
 
 import json
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-DEFAULT_RESULTS_DIR = "./sweep-results"
-DEFAULT_QUEUE = "loadrunner"
-DEFAULT_BEAT_LOCK_TTL_S = 30
+from h3batch.settings import ConfigError, Settings
+
+_DEFAULTS = Settings()
+DEFAULT_REDIS_URL = _DEFAULTS.redis_url
+DEFAULT_RESULTS_DIR = str(_DEFAULTS.sweep_results_dir)
+DEFAULT_QUEUE = _DEFAULTS.sweep_queue
+DEFAULT_BEAT_LOCK_TTL_S = _DEFAULTS.beat_lock_ttl_s
 
 
-class SweepConfigError(ValueError):
+class SweepConfigError(ConfigError):
     """A sweep setting or schedule that cannot be used; the message names the variable and what arrived."""
 
 
@@ -48,21 +43,19 @@ class SweepSettings:
     beat_schedule_file: Path | None = None
 
     @classmethod
+    def from_settings(cls, settings: Settings) -> SweepSettings:
+        results = settings.sweep_results_dir
+        return cls(redis_url=settings.redis_url, results_dir=results, queue=settings.sweep_queue,
+                   schedule=parse_schedule(settings.sweep_schedule), beat_lock_ttl_s=settings.beat_lock_ttl_s,
+                   beat_schedule_file=settings.beat_schedule_file or results / "celerybeat-schedule")
+
+    @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SweepSettings:
-        env = os.environ if env is None else env
-        results = Path(env.get("H3BATCH_SWEEP_RESULTS_DIR") or DEFAULT_RESULTS_DIR)
-        raw_ttl = env.get("H3BATCH_BEAT_LOCK_TTL_S") or str(DEFAULT_BEAT_LOCK_TTL_S)
         try:
-            ttl = int(raw_ttl)
-        except ValueError:
-            raise SweepConfigError(f"H3BATCH_BEAT_LOCK_TTL_S: expected an integer, found {raw_ttl!r}") from None
-        if ttl < 3:
-            raise SweepConfigError(f"H3BATCH_BEAT_LOCK_TTL_S: expected at least 3 seconds, found {ttl}")
-        return cls(redis_url=env.get("H3BATCH_REDIS_URL") or DEFAULT_REDIS_URL, results_dir=results,
-                   queue=env.get("H3BATCH_SWEEP_QUEUE") or DEFAULT_QUEUE,
-                   schedule=parse_schedule(env.get("H3BATCH_SWEEP_SCHEDULE") or ""), beat_lock_ttl_s=ttl,
-                   beat_schedule_file=Path(env.get("H3BATCH_BEAT_SCHEDULE_FILE")
-                                           or results / "celerybeat-schedule"))
+            settings = Settings.from_env(env)
+        except ConfigError as exc:
+            raise SweepConfigError(str(exc)) from None
+        return cls.from_settings(settings)
 
 
 def parse_schedule(raw: str) -> tuple[ScheduleEntry, ...]:

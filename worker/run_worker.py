@@ -15,7 +15,9 @@ import sys
 from h3batch.cli_args import OneLineArgumentParser
 from h3batch.core import defaults
 from h3batch.core.exceptions import ConfigError
-from h3batch.settings import Settings, check_artifacts_dir, check_redis, check_release_dir, configure_logging
+from h3batch.core.startup_checks import check_startup
+from h3batch.logs import configure_logging
+from h3batch.settings import Settings
 from h3batch.worker import watchdog
 from h3batch.worker.watchdog import WatchdogConfig
 
@@ -37,9 +39,7 @@ def main(argv: list[str]) -> int:
             os.environ["H3BATCH_WORKER_NAME"] = args.name  # so a lazily built Settings agrees
             settings = Settings.from_env()
         stall_watch = WatchdogConfig.from_env()
-        check_redis(settings.redis_url)
-        check_release_dir(settings.release_dir)
-        check_artifacts_dir(settings.artifacts_dir)
+        check_startup(settings, release=True)
     except ConfigError as exc:
         print(f"h3batch worker: {exc}", file=sys.stderr)
         return 2

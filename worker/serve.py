@@ -23,7 +23,7 @@ from pathlib import Path
 from h3batch.cli_args import OneLineArgumentParser
 from h3batch.core import defaults
 from h3batch.core.exceptions import ConfigError
-from h3batch.settings import check_redis
+from h3batch.core.startup_checks import check_redis
 
 VAR = Path("var")
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"

@@ -11,7 +11,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 import traceback
@@ -22,12 +21,12 @@ from typing import Any, Callable
 import redis
 from celery import shared_task
 
-from h3batch.core import defaults, job_metadata, jobs, keys, lease, webhooks
+from h3batch.core import defaults, jobs, keys, lease
 from h3batch.core.celery_app import make_celery
 from h3batch.core.exceptions import InvalidRequest, JobError, ReleaseMismatch
 from h3batch.core.jobs import JobStatus, Stage
 from h3batch.settings import Settings
-from h3batch.worker import reaper
+from h3batch.worker import job_metadata, reaper, webhook_delivery
 
 log = logging.getLogger("h3batch.worker")
 
@@ -155,7 +154,7 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
         heartbeat.state = "READY" if ready else "STARTING"
         heartbeat.beat()
         heartbeat.start()
-        webhooks.start_dispatcher(r)  # signed POSTs for finished jobs with a webhook_url (core/webhooks.py)
+        webhook_delivery.start_dispatcher(r)  # signed POSTs for finished jobs with a webhook_url
         log.info("model resident release=%s load_s=%.2f total_model_loads=%d", pipeline.release_id, load_s, loads)
         _resident = Resident(settings=settings, r=r, pipeline=pipeline, heartbeat=heartbeat)
         return _resident

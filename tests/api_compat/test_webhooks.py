@@ -9,8 +9,9 @@ import pytest
 import requests
 from openai import OpenAI
 
-from h3batch.core import webhooks
+from h3batch.core import webhook_urls
 from h3batch.core.jobs import JobSpec, JobStatus, create_job, load_job, transition
+from h3batch.worker import webhook_delivery as webhooks
 from tests.api_compat.conftest import KEY_A, RETRY_BASE_S, WEBHOOK_SECRET, auth, key_id, wait_job
 
 
@@ -82,10 +83,10 @@ def test_submit_refuses_unsafe_webhook_urls(compat_api, url):
 def test_loopback_only_with_the_flag_and_delivery_time_recheck(rc):
     """Loopback passes only with allow_loopback; at delivery time the URL is re-resolved and a now-unsafe target is
     refused, logged, and not retried."""
-    strict = webhooks.WebhookSettings(secret=WEBHOOK_SECRET)
-    with pytest.raises(webhooks.WebhookRefused, match="loopback"):
-        webhooks.check_url("http://localhost:9/hook", strict)
-    assert webhooks.check_url("http://127.0.0.1:9/hook", webhooks.WebhookSettings(
+    strict = webhook_urls.WebhookSettings(secret=WEBHOOK_SECRET)
+    with pytest.raises(webhook_urls.WebhookRefused, match="loopback"):
+        webhook_urls.check_url("http://localhost:9/hook", strict)
+    assert webhook_urls.check_url("http://127.0.0.1:9/hook", webhook_urls.WebhookSettings(
         secret=WEBHOOK_SECRET, allow_loopback=True)).addresses == ("127.0.0.1",)
 
     # A record whose URL passed at submit under a looser policy is refused by the stricter dispatcher.
@@ -108,6 +109,6 @@ def test_server_without_secret_refuses_webhook_url(compat_redis_url, compat_arti
     from h3batch.api import create_app
 
     app = create_app({"REDIS_URL": compat_redis_url, "ARTIFACTS_DIR": str(compat_artifacts), "API_KEYS": [],
-                      "WEBHOOKS": webhooks.WebhookSettings(secret=None)})
+                      "WEBHOOKS": webhook_urls.WebhookSettings(secret=None)})
     reply = app.test_client().post("/jobs", json={"prompt": "x", "webhook_url": "https://example.com/h"})
     assert reply.status_code == 400 and reply.json["error"]["code"] == "webhooks_not_configured"

@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from h3batch.settings import ENV_VARS
+from h3batch.settings import VARS
 
 from .conftest import REPO
 
@@ -92,6 +92,6 @@ def test_every_variable_is_documented(compose):
     used = set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)", COMPOSE.read_text()))
     for service in compose["services"].values():
         used |= set(service.get("environment") or {})
-    used |= set(ENV_VARS)
+    used |= {var.name for var in VARS}
     missing = sorted(used - documented)
     assert not missing, f"undocumented in docs/service.md: {missing}"

@@ -12,175 +12,38 @@ Signing follows Standard Webhooks (what OpenAI's SDK `webhooks.verify_signature`
 HMAC-SHA256(key, "<id>.<timestamp>.<body>")>`, where the key is the base64 part of a `whsec_…` secret (or the
 secret's UTF-8 bytes without that prefix), from H3BATCH_WEBHOOK_SECRET.
 
-SSRF guard: only http(s) URLs without credentials; metadata host names, link-local (169.254.0.0/16, fe80::/10),
-unspecified, multicast and reserved addresses are always refused; loopback and private ranges only when
-H3BATCH_WEBHOOK_ALLOW_LOOPBACK / H3BATCH_WEBHOOK_ALLOW_PRIVATE say so. The check runs at submit time and again at
-each delivery on the freshly resolved addresses, and the POST connects to the vetted IP itself (urllib3 pool pinned
-to that address, TLS still verified against the host name), so a DNS answer that changes between the check and the
-connect (rebinding) cannot redirect the request. Redirects are not followed. This is written by hand with urllib3
-rather than `requests` because requests resolves the name again at connect time and cannot pin the checked address.
+URL rules live in core/webhook_urls.py; the POST connects to the address that check passed (urllib3 pool
+pinned to that IP, TLS still verified against the host name) and follows no redirects. This is written by hand with
+urllib3 rather than `requests` because requests resolves the name again at connect time and cannot pin the checked
+address.
 """
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 
 from h3batch.core import keys
+from h3batch.core.jobs import load_job
+from h3batch.core.webhook_urls import Target, WebhookRefused, WebhookSettings, check_url
 
 log = logging.getLogger("h3batch.webhooks")
 
-DUE_KEY = f"{keys.PREFIX}:webhooks:due"
-"""zset of pending deliveries: member `<job id>:<event>`, score = Unix time the next attempt is due."""
+DUE_KEY = keys.WEBHOOKS_DUE
 
-EVENTS = ("completed", "failed", "cancelled")
-"""Job events that trigger a delivery."""
-
-METADATA_HOSTS = frozenset({
-    "metadata", "metadata.google.internal", "metadata.goog", "instance-data", "instance-data.ec2.internal",
-    "metadata.azure.com", "metadata.platformequinix.com", "metadata.tencentyun.com", "100.100.100.200",
-})
-"""Cloud instance-metadata host names, refused whatever they resolve to."""
-
-MAX_URL_CHARS = 2048
 _PUBLIC_FIELDS = ("id", "status", "stage", "progress", "step", "total_steps", "prompt", "seconds", "width", "height",
                   "seed", "release", "release_id", "created_at", "started_at", "finished_at", "expires_at", "frames",
                   "size_bytes", "attempt", "worker", "timings", "cancel_reason", "cancelled_at_stage", "error",
                   "metadata")
 """Record fields a webhook body may carry (never owner, sha256, traceback or the delivery log)."""
-
-
-def _flag(env: Mapping[str, str], name: str) -> bool:
-    return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-@dataclass(frozen=True)
-class WebhookSettings:
-    """Webhook configuration from H3BATCH_WEBHOOK_* env vars (read by the API and by every worker)."""
-
-    secret: str | None = None
-    allow_loopback: bool = False
-    allow_private: bool = False
-    max_attempts: int = 9
-    retry_base_s: float = 5.0
-    retry_cap_s: float = 36_000.0
-    timeout_s: float = 10.0
-    poll_s: float = 0.5
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.secret)
-
-    def backoff_s(self, attempt: int) -> float:
-        """Delay before attempt `attempt + 1`: base × 4^(attempt-1), capped. Defaults give 5 s, 20 s, 80 s, …, 10 h;
-        9 attempts span about 27 h, like the Standard Webhooks schedule."""
-        return min(self.retry_cap_s, self.retry_base_s * 4 ** (attempt - 1))
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "WebhookSettings":
-        env = os.environ if env is None else env
-
-        def number(name: str, default: float, kind=float):
-            raw = env.get(name, "").strip()
-            if not raw:
-                return default
-            try:
-                value = kind(raw)
-            except ValueError:
-                raise ValueError(f"{name}: expected a positive number, found {raw!r}") from None
-            if value <= 0:
-                raise ValueError(f"{name}: expected a positive number, found {raw!r}")
-            return value
-
-        return cls(secret=env.get("H3BATCH_WEBHOOK_SECRET", "").strip() or None,
-                   allow_loopback=_flag(env, "H3BATCH_WEBHOOK_ALLOW_LOOPBACK"),
-                   allow_private=_flag(env, "H3BATCH_WEBHOOK_ALLOW_PRIVATE"),
-                   max_attempts=number("H3BATCH_WEBHOOK_MAX_ATTEMPTS", cls.max_attempts, int),
-                   retry_base_s=number("H3BATCH_WEBHOOK_RETRY_BASE_S", cls.retry_base_s),
-                   timeout_s=number("H3BATCH_WEBHOOK_TIMEOUT_S", cls.timeout_s))
-
-
-class WebhookRefused(ValueError):
-    """A webhook URL the service will not call; the message says what was expected and what arrived."""
-
-
-# --- URL and address checks ---
-
-def _check_address(address: str, host: str, settings: WebhookSettings) -> None:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip.is_link_local or ip.is_unspecified or ip.is_multicast or ip.is_reserved:
-        raise WebhookRefused(f"webhook_url: {host!r} resolves to {ip}, a link-local/unspecified/multicast/reserved "
-                             f"address; expected a public http(s) endpoint")
-    if ip.is_loopback:
-        if not settings.allow_loopback:
-            raise WebhookRefused(f"webhook_url: {host!r} resolves to loopback {ip}; loopback targets are refused "
-                                 f"unless H3BATCH_WEBHOOK_ALLOW_LOOPBACK=1")
-        return
-    if not ip.is_global and not settings.allow_private:  # RFC 1918, CGNAT 100.64/10, ULA fc00::/7, ...
-        raise WebhookRefused(f"webhook_url: {host!r} resolves to non-public address {ip}; private targets are "
-                             f"refused unless H3BATCH_WEBHOOK_ALLOW_PRIVATE=1")
-
-
-@dataclass(frozen=True)
-class Target:
-    """A vetted webhook URL: where to connect (a checked IP) and what to ask for."""
-
-    scheme: str
-    host: str
-    port: int
-    path: str
-    addresses: tuple[str, ...]
-
-
-def check_url(url: Any, settings: WebhookSettings) -> Target:
-    """Parse, resolve and vet `url`; raises WebhookRefused naming the problem. Resolves DNS (both at submit and at
-    delivery time)."""
-    if not isinstance(url, str) or not url:
-        raise WebhookRefused(f"webhook_url: expected an http(s) URL string, found {url!r}")
-    if len(url) > MAX_URL_CHARS:
-        raise WebhookRefused(f"webhook_url: expected at most {MAX_URL_CHARS} characters, found {len(url)}")
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise WebhookRefused(f"webhook_url: not a valid URL ({exc})") from None
-    scheme = parts.scheme.lower()
-    if scheme not in ("http", "https"):
-        raise WebhookRefused(f"webhook_url: expected an http:// or https:// URL, found scheme {parts.scheme!r}")
-    host = (parts.hostname or "").rstrip(".").lower()
-    if not host:
-        raise WebhookRefused("webhook_url: expected a host name, found none")
-    if parts.username is not None or parts.password is not None:
-        raise WebhookRefused("webhook_url: credentials in the URL are not accepted; authenticate with the signature")
-    if host in METADATA_HOSTS:
-        raise WebhookRefused(f"webhook_url: {host!r} is a cloud metadata host; refused")
-    port = port or (443 if scheme == "https" else 80)
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise WebhookRefused(f"webhook_url: host {host!r} does not resolve ({exc})") from None
-    addresses = tuple(dict.fromkeys(info[4][0] for info in infos))
-    for address in addresses:  # every answer must pass: a mixed answer is how rebinding attacks start
-        _check_address(address, host, settings)
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    return Target(scheme, host, port, path, addresses)
 
 
 # --- signing ---
@@ -217,12 +80,7 @@ def payload(record: Mapping[str, Any], event: str, now: float) -> dict[str, Any]
             "data": data}
 
 
-# --- scheduling (called inside transition's MULTI) and the delivery log ---
-
-def schedule(pipe: redis.client.Pipeline, job_id: str, event: str, due: float) -> None:
-    """Queue the first delivery of `event` for `job_id` on `pipe` (inside the caller's transaction)."""
-    pipe.zadd(DUE_KEY, {f"{job_id}:{event}": due})
-
+# --- the delivery log ---
 
 # Claim a due member: bump its score by the claim lease only if it is still due, so two dispatchers never both win.
 _CLAIM = ("local s = redis.call('zscore', KEYS[1], ARGV[1]) "
@@ -284,8 +142,6 @@ def deliver_one(r: redis.Redis, settings: WebhookSettings, job_id: str, event: s
                 now: float | None = None) -> bool | None:
     """Make one attempt for (job, event); returns True delivered, False failed (maybe re-scheduled), None nothing
     to send (job gone, no URL, no secret)."""
-    from h3batch.core.jobs import load_job  # noqa: PLC0415  (jobs imports this module)
-
     member = f"{job_id}:{event}"
     record = load_job(r, job_id)
     if record is None or not record.get("webhook_url") or not settings.enabled:
