@@ -36,41 +36,37 @@ class Var:
 
 # --- parsers: each takes the raw text (already stripped, never empty) and the variable name for its message ---
 
-def _positive_int(name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}: expected an integer, found {raw!r}") from None
-    if value <= 0:
-        raise ConfigError(f"{name}: expected a positive integer, found {value}")
-    return value
+def _int_at_least(minimum: int, expected: str) -> Callable[[str, str], int]:
+    def parse(name: str, raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"{name}: expected an integer, found {raw!r}") from None
+        if value < minimum:
+            raise ConfigError(f"{name}: expected {expected}, found {value}")
+        return value
+    return parse
 
 
-def _non_negative_int(name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}: expected an integer, found {raw!r}") from None
-    if value < 0:
-        raise ConfigError(f"{name}: expected an integer >= 0, found {value}")
-    return value
+def _number(*, positive: bool) -> Callable[[str, str], float]:
+    def parse(name: str, raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"{name}: expected a number, found {raw!r}") from None
+        if not 0 <= value < float("inf"):  # also refuses nan
+            raise ConfigError(f"{name}: expected a number >= 0, found {raw!r}")
+        if positive and value == 0:
+            raise ConfigError(f"{name}: expected a number > 0, found {raw!r}")
+        return value
+    return parse
 
 
-def _non_negative_float(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}: expected a number, found {raw!r}") from None
-    if not 0 <= value < float("inf"):  # also refuses nan
-        raise ConfigError(f"{name}: expected a number >= 0, found {raw!r}")
-    return value
-
-
-def _positive_float(name: str, raw: str) -> float:
-    value = _non_negative_float(name, raw)
-    if value <= 0:
-        raise ConfigError(f"{name}: expected a number > 0, found {raw!r}")
-    return value
+_positive_int = _int_at_least(1, "a positive integer")
+_non_negative_int = _int_at_least(0, "an integer >= 0")
+_beat_lock_ttl = _int_at_least(3, "at least 3 seconds")
+_positive_float = _number(positive=True)
+_non_negative_float = _number(positive=False)
 
 
 def _flag(name: str, raw: str) -> bool:
@@ -95,16 +91,6 @@ def _ranks(name: str, raw: str) -> str:
     if raw != "auto" and not (raw.isascii() and raw.isdigit() and int(raw) >= 1):
         raise ConfigError(f"{name}: expected a positive integer or 'auto', found {raw!r}")
     return raw
-
-
-def _beat_lock_ttl(name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}: expected an integer, found {raw!r}") from None
-    if value < 3:
-        raise ConfigError(f"{name}: expected at least 3 seconds, found {value}")
-    return value
 
 
 def _keys(name: str, raw: str) -> tuple[str, ...]:

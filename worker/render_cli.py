@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 from h3batch.cli_args import OneLineArgumentParser
+from h3batch.settings import Settings, env_value
 
-DEFAULT_RELEASE = os.environ.get("H3BATCH_RELEASE", "var/tiny-release")
+DEFAULT_RELEASE = str(env_value("H3BATCH_RELEASE") or Settings().release_dir)
 
 
 def _parser() -> argparse.ArgumentParser:

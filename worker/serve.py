@@ -7,7 +7,6 @@ a worker is consuming, and on exit (normal, error or Ctrl-C) stops everything it
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -24,6 +23,7 @@ from h3batch.cli_args import OneLineArgumentParser
 from h3batch.core import defaults
 from h3batch.core.exceptions import ConfigError
 from h3batch.core.startup_checks import check_redis
+from h3batch.settings import env_value
 
 VAR = Path("var")
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
@@ -47,12 +47,12 @@ class LocalStack:
         self.var = var_dir
         self.port = port or _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        env_release = os.environ.get("H3BATCH_RELEASE", "").strip()
-        self.release = Path(env_release) if env_release else var_dir / "tiny-release"
-        self.build_if_absent = not env_release
-        env_cache = os.environ.get("H3BATCH_HF_CACHE", "").strip()
-        self.hf_cache = Path(env_cache) if env_cache else self.release.parent / "hf-cache"
-        self.artifacts = Path(os.environ.get("H3BATCH_ARTIFACTS_DIR", "").strip() or var_dir / "artifacts")
+        # Unset variables mean "under var/" here, not the service defaults: the local stack keeps its state together.
+        env_release = env_value("H3BATCH_RELEASE")
+        self.release = env_release or var_dir / "tiny-release"
+        self.build_if_absent = env_release is None
+        self.hf_cache = env_value("H3BATCH_HF_CACHE") or self.release.parent / "hf-cache"
+        self.artifacts = env_value("H3BATCH_ARTIFACTS_DIR") or var_dir / "artifacts"
         self.logs = var_dir / "logs"
         self.redis_url = ""
         self._children: list[tuple[str, subprocess.Popen]] = []
@@ -73,7 +73,7 @@ class LocalStack:
             raise ConfigError(f"h3batch build-tiny failed: {last}")
 
     def _pick_redis(self) -> None:
-        env_url = os.environ.get("H3BATCH_REDIS_URL", "").strip()
+        env_url = env_value("H3BATCH_REDIS_URL")
         if env_url:
             check_redis(env_url)
             self.redis_url = env_url
