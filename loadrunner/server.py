@@ -1,6 +1,6 @@
 """`h3batch duplex-server`: reference full-duplex server — the §13 fixture modes and a paced `realtime` mode.
 
-Message decisions come from `server_protocol` and `fixtures`; this module moves frames, keeps per-connection state
+Message decisions come from `server_protocol` and `fault_modes`; this module moves frames, keeps per-connection state
 for tests (`index`, `closed`, `frames`, `close_requested`) and owns the timing of realtime output and of the session
 lifecycle (§3): admission slots, close/expiry terminals, the disconnect grace, the idle TTL and the cleanup reaper.
 
@@ -38,7 +38,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from h3batch.loadrunner.audio import FRAME_PERIOD_S, SAMPLE_RATE_HZ
-from h3batch.loadrunner.fixtures import ConnectionState, FixtureMode, fixture_replies
+from h3batch.loadrunner.fault_modes import ConnectionState, FixtureMode, fixture_replies
 from h3batch.loadrunner.server_protocol import (
     CLOSE_TYPES,
     DEFAULT_PERSONA,
