@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from h3batch.cli_args import OneLineArgumentParser
 from h3batch.loadrunner.fault_modes import FixtureMode
 from h3batch.loadrunner.server_protocol import MAX_PENDING_INPUT_BYTES, Content
 
@@ -43,7 +44,7 @@ class ServerConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="h3batch duplex-server", description="Reference full-duplex Realtime server.")
+    p = OneLineArgumentParser(prog="h3batch duplex-server", description="Reference full-duplex Realtime server.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8099, help="0 picks a free port (printed on start)")
     p.add_argument("--mode", choices=MODES, default=REALTIME)
@@ -99,7 +100,7 @@ def validation_error(args: argparse.Namespace) -> str | None:
 
 
 def parse_config(argv: list[str]) -> ServerConfig:
-    """Parse and validate; any argument error exits 2 with the message on stderr."""
+    """Parse and validate; any argument error prints one line `h3batch duplex-server: MESSAGE` and exits 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
     message = validation_error(args)

@@ -510,7 +510,7 @@ def test_shutdown_ends_sessions_with_reason_shutdown():
 
 def test_lifecycle_defaults_and_flags(capsys):
     """§3.7: defaults idle_ttl 300 s, grace 30 s, reaper 5 s, warm-up off; the CLI sets each and rejects bad values
-    with one usage line."""
+    with one error line."""
     defaults = parse_config([])
     assert (defaults.idle_ttl_s, defaults.disconnect_grace_s, defaults.reaper_interval_s, defaults.warmup_frames,
             defaults.idle_timeout_s, defaults.cleanup_failures) == (300.0, 30.0, 5.0, 0, 300.0, 0)
@@ -522,7 +522,8 @@ def test_lifecycle_defaults_and_flags(capsys):
     with pytest.raises(SystemExit) as info:
         parse_config(["--reaper-interval-s", "0"])
     assert info.value.code == 2
-    assert "--reaper-interval-s must be finite and positive, got 0.0" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "h3batch duplex-server: --reaper-interval-s must be finite and positive, got 0.0\n")
 
 
 def test_paths_and_transport_errors():
