@@ -1,4 +1,4 @@
-"""Driver and server command lines (§12): the invalid-configuration matrix and exit statuses via subprocesses."""
+"""Driver command line (§12): the invalid-configuration matrix and exit statuses, through real subprocesses."""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, common_args, start_server_process, stop_process, write_wav
 
 from h3batch.loadrunner.config import parse_config
+from tests.loadrunner.harness import REPO_ROOT, common_args, start_server_process, stop_process, write_wav
 
 BASE = ["--model", "m", "--input-wav", "x.wav", "--sessions", "2"]
 
@@ -120,12 +120,6 @@ def test_h3batch_routes_duplex(fixture_servers, fixture_wav, tmp_path):
     assert result.returncode == 0, result.stderr
 
 
-def test_server_rejects_bad_arguments():
-    """The reference server exits 2 with one error line for an unknown mode."""
-    result = subprocess.run([sys.executable, "-m", "h3batch.loadrunner.server", "--mode", "nope"], capture_output=True,
-                            text=True, timeout=30, cwd=REPO_ROOT)
-    assert result.returncode == 2 and result.stderr.startswith("h3batch duplex-server: argument --mode: ")
-    assert "invalid choice: 'nope'" in result.stderr and result.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize("slots,status", [(2, 0), (3, 1)])

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import REPO_ROOT, start_server_process, stop_process
 
 from h3batch.api import create_app
 from h3batch.loadrunner.sweep_settings import SweepSettings
 from h3batch.loadrunner.sweep_spec import parse_sweep_request, points
 from h3batch.loadrunner.sweep_store import BEAT_LOCK_KEY, create_sweep, get_sweep
+from tests.loadrunner.harness import REPO_ROOT, start_server_process, stop_process
 
 H3BATCH = str(Path(sys.executable).parent / "h3batch")
 SMALL = {"sessions": [1, 2], "load_frames": [6], "drain_s": 0.3, "tail_s": 0.0, "timeout_s": 5.0,
