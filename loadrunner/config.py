@@ -62,8 +62,7 @@ class DriverConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineArgumentParser(prog="h3batch duplex",
-                              description="Full-duplex Realtime lifecycle / paced load driver.")
+    p = OneLineArgumentParser(prog="h3batch duplex", description="Full-duplex Realtime lifecycle / paced load driver.")
     p.add_argument("--url", default=DEFAULT_URL, help="base WebSocket URL (duplex, model, autostart are set)")
     p.add_argument("--model", required=True, help="model name for the query and session.model")
     p.add_argument("--input-wav", required=True, help="input audio (WAV, resampled to 24 kHz mono)")

@@ -209,8 +209,10 @@ def test_compose_services_and_schedule():
 
 
 @pytest.mark.parametrize("code,absent", [
-    ("import h3batch.api.sweeps; from api import create_app; create_app({'TESTING': True})", ("torch", "numpy", "websockets")),
-    ("import h3batch.loadrunner.celery_app, h3batch.loadrunner.sweep_tasks, h3batch.loadrunner.beat, h3batch.loadrunner.server", ("torch",)),
+    ("import h3batch.api.sweeps; from h3batch.api import create_app; create_app({'TESTING': True})",
+     ("torch", "numpy", "websockets")),
+    ("import h3batch.loadrunner.celery_app, h3batch.loadrunner.sweep_tasks, h3batch.loadrunner.beat, "
+     "h3batch.loadrunner.server", ("torch",)),
 ])
 def test_import_footprint(code, absent):
     """The API blueprint stays free of torch/numpy/websockets, and the sweep Celery app never imports torch."""
