@@ -1,12 +1,15 @@
 """Driver configuration (spec §12): the argparse parser, its validation, and the frozen `DriverConfig`.
 
-Stdlib only, so the API can validate sweep points with the driver's own rules without importing numpy.
+Stdlib only (`h3batch.cli_args` is too), so the API can validate sweep points with the driver's own rules without
+importing numpy.
 """
 from __future__ import annotations
 
 import argparse
 import math
 from dataclasses import dataclass
+
+from h3batch.cli_args import OneLineArgumentParser
 
 DEFAULT_URL = "ws://127.0.0.1:8099/v1/realtime?duplex=1"
 DEFAULT_OUTPUT_DIR = "./duplex-results"
@@ -59,7 +62,7 @@ class DriverConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="h3batch duplex", description="Full-duplex Realtime lifecycle / paced load driver.")
+    p = OneLineArgumentParser(prog="h3batch duplex", description="Full-duplex Realtime lifecycle / paced load driver.")
     p.add_argument("--url", default=DEFAULT_URL, help="base WebSocket URL (duplex, model, autostart are set)")
     p.add_argument("--model", required=True, help="model name for the query and session.model")
     p.add_argument("--input-wav", required=True, help="input audio (WAV, resampled to 24 kHz mono)")
@@ -114,7 +117,7 @@ def validation_error(args: argparse.Namespace) -> str | None:
 
 
 def parse_config(argv: list[str]) -> DriverConfig:
-    """Parse and validate; argparse exits 2 with usage and the message on stderr for any argument error."""
+    """Parse and validate; any argument error prints one line `h3batch duplex: MESSAGE` on stderr and exits 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
     message = validation_error(args)

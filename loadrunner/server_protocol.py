@@ -1,6 +1,7 @@
 """Reference server protocol pieces (spec §2-§4, §15.2) without I/O: events, errors, admission, audio decoding.
 
-`server.py` wraps these in websockets handlers; everything that decides what to say lives here.
+`server_connection` and `server_session` wrap these in websockets handlers; everything that decides what to say
+lives here.
 """
 from __future__ import annotations
 

@@ -5,10 +5,10 @@ import base64
 
 import numpy as np
 import pytest
-from vectors import pkt
 
 from h3batch.loadrunner.acceptance import AcceptanceConfig, AcceptanceError, frame_stats, validate_session_audio
 from h3batch.loadrunner.packets import check_packet
+from tests.loadrunner.vectors import pkt
 
 LENIENT = AcceptanceConfig(max_frame_deficit=0, min_voiced_frames=1, minimum_audio_chunks=1)
 

@@ -7,10 +7,10 @@ import json
 
 import numpy as np
 import pytest
-from conftest import write_wav
 
 from h3batch.loadrunner.audio import append_message, decode_wav, input_identity, load_input_samples, split_frames
 from h3batch.loadrunner.protocol import realtime_url
+from tests.loadrunner.harness import write_wav
 
 
 def test_sha_mismatch_names_both_digests(fixture_wav):

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TIME_SCALE, common_args, run_against_server, wait_closed
 from websockets.exceptions import InvalidHandshake
 
 from h3batch.loadrunner.config import parse_config
 from h3batch.loadrunner.load import run_load
 from h3batch.loadrunner.server import DuplexServer, ServerConfig
+from tests.loadrunner.harness import TIME_SCALE, common_args, run_against_server, wait_closed
 
 PRIVATE_MARKERS = ("must-not-be-exported", "remote-detail-must-not-be-exported",
                    "credentials-in-remote-handshake-detail")

@@ -7,7 +7,6 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vectors import pkt, sends, slow_sends
 
 from h3batch.loadrunner.metrics import (
     Packet,
@@ -18,6 +17,7 @@ from h3batch.loadrunner.metrics import (
     session_metrics,
     stream_timing,
 )
+from tests.loadrunner.vectors import pkt, sends, slow_sends
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 

@@ -1,4 +1,6 @@
-"""Reference server realtime mode (§2-§4, §15.2) over real WebSockets, and lifecycle mode (§7) against it."""
+"""Reference server (`DuplexServer`) in realtime mode (§2-§4, §15.2) over real WebSockets, and the driver's
+lifecycle (§7) and load modes against it.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -6,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-from conftest import write_wav
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -14,7 +15,10 @@ from h3batch.loadrunner.config import parse_config
 from h3batch.loadrunner.lifecycle import run_lifecycle
 from h3batch.loadrunner.load import run_load
 from h3batch.loadrunner.protocol import session_update
-from h3batch.loadrunner.server import DuplexServer, ServerConfig
+from h3batch.loadrunner.server import DuplexServer
+from h3batch.loadrunner.server_config import ServerConfig
+from tests.loadrunner.harness import write_wav
+from tests.loadrunner.realtime_client import recv_until
 
 
 @pytest.fixture
@@ -23,23 +27,11 @@ def voiced_wav(tmp_path):
     t = np.arange(19200) / 24000
     return write_wav(tmp_path / "tone.wav", np.round(0.3 * np.sin(2 * np.pi * 220 * t) * 32767))
 
-
 @pytest.fixture
 def long_wav(tmp_path):
     """2 s (25 frames) of the same tone: enough packets for a 10-90 % stream-timing window."""
     t = np.arange(25 * 1920) / 24000
     return write_wav(tmp_path / "tone2s.wav", np.round(0.3 * np.sin(2 * np.pi * 220 * t) * 32767))
-
-
-async def recv_until(ws, event_type: str, timeout: float = 3.0) -> tuple[dict, list[dict]]:
-    seen = []
-    async with asyncio.timeout(timeout):
-        while True:
-            event = json.loads(await ws.recv())
-            seen.append(event)
-            if event["type"] == event_type:
-                return event, seen
-
 
 def test_capacity_envelope_and_slot_release():
     """A third open gets the exact resource_exhausted envelope; a close frees the slot before session.closed."""
@@ -73,32 +65,6 @@ def test_capacity_envelope_and_slot_release():
     assert close_exc.rcvd.code == 1000 and close_exc.rcvd.reason == "client_close"
     assert replacement["session"]["id"] != created["session"]["id"]
 
-
-def test_first_message_rules():
-    """autostart=0 requires session.update first; silence gets config_timeout, bad voices and owned keys refused."""
-    async def scenario():
-        async with DuplexServer(ServerConfig(first_message_timeout_s=0.2)) as server:
-            url = server.url + "?duplex=1&model=m&autostart=0"
-            async with connect(url) as ws:
-                timeout, _ = await recv_until(ws, "error")
-            async with connect(url) as ws:
-                await ws.send("not json")
-                bad_json, _ = await recv_until(ws, "error")
-            async with connect(url) as ws:
-                await ws.send(session_update("m", "../NATF2.pt", "p"))
-                voice, _ = await recv_until(ws, "error")
-                update = json.loads(session_update("m", "NATF2.pt", "p"))
-                update["session"]["extra_body"]["personaplex_model_path"] = "/x"
-                await ws.send(json.dumps(update))
-                owned, _ = await recv_until(ws, "error")
-            return timeout, bad_json, voice, owned, server.admission.held
-
-    timeout, bad_json, voice, owned, held = asyncio.run(scenario())
-    assert timeout["error"]["code"] == "config_timeout" and bad_json["error"]["code"] == "invalid_json"
-    assert voice["error"]["code"] == "invalid_voice" and owned["error"]["code"] == "invalid_session_config"
-    assert held == 0
-
-
 def test_idle_session_expires():
     """A session without client messages for the idle TTL gets session.expired, close 1000 and frees its slot."""
     async def scenario():
@@ -113,38 +79,6 @@ def test_idle_session_expires():
     expired, closed, held = asyncio.run(scenario())
     assert expired["reason"] == "idle_ttl_expired" and expired["session_id"].startswith("duplex-")
     assert closed.rcvd.code == 1000 and held == 0
-
-
-def test_realtime_stream_order_and_sequence(voiced_wav):
-    """Realtime output: response events before the first 1-frame packet, transcript after each packet, seq from 1."""
-    async def scenario():
-        async with DuplexServer(ServerConfig()) as server:
-            async with connect(server.url + "?duplex=1&model=m&autostart=0") as ws:
-                await ws.send(session_update("m", "NATF2.pt", "p"))
-                frame = {"type": "input_audio_buffer.append", "format": "pcm_f32le", "sample_rate_hz": 24000}
-                import base64
-                payload = base64.b64encode(np.full(1920 * 6, 0.25, "<f4").tobytes()).decode()
-                await ws.send(json.dumps({**frame, "audio": payload}))
-                events = []
-                async with asyncio.timeout(3):
-                    while sum(e["type"] == "response.output_audio_transcript.delta" for e in events) < 2:
-                        events.append(json.loads(await ws.recv()))
-                await ws.send(json.dumps({**frame, "audio": payload, "sample_rate_hz": 16000}))
-                rate_error, _ = await recv_until(ws, "error")
-                return events, rate_error
-
-    events, rate_error = asyncio.run(scenario())
-    types = [e["type"] for e in events]
-    assert types[:8] == ["session.created", "session.updated", "response.created", "conversation.item.added",
-                         "conversation.item.created", "response.output_item.added", "response.content_part.added",
-                         "response.speak"]
-    packets = [e for e in events if e["type"] == "response.output_audio.delta"]
-    assert [len(p["delta"]) for p in packets] == [5120, 5 * 5120]
-    assert types[types.index("response.output_audio.delta") + 1] == "response.output_audio_transcript.delta"
-    assert packets[0]["metadata"]["vllm_omni"]["runtime_impl"] == "scheduler_data_plane"
-    assert [e["server_event_seq"] for e in events[1:]] == list(range(1, len(events)))
-    assert rate_error["error"]["code"] == "runtime_append_failed" and rate_error["error"]["type"] == "server_error"
-
 
 def test_lifecycle_against_realtime_server(voiced_wav, tmp_path):
     """Lifecycle mode passes on a 2-slot realtime server: N+1 refused, slot recycled, replacement fresh."""
@@ -166,7 +100,6 @@ def test_lifecycle_against_realtime_server(voiced_wav, tmp_path):
                  "replacement-output.wav"):
         assert (tmp_path / "life" / name).exists()
 
-
 def load_against(server_config: ServerConfig, wav, out, sessions: int, frames: int, *extra: str) -> dict:
     async def scenario():
         async with DuplexServer(server_config) as server:
@@ -175,7 +108,6 @@ def load_against(server_config: ServerConfig, wav, out, sessions: int, frames: i
                                    "--tail-s", "0", "--drain-s", "0.3", "--timeout-s", "5", *extra])
             return await run_load(config)
     return asyncio.run(scenario())
-
 
 def test_realtime_load_passes_and_tracks_real_time(long_wav, tmp_path):
     """Paced load against realtime echo: every session passes with no deficit and stream RTF near 1."""
@@ -186,12 +118,10 @@ def test_realtime_load_passes_and_tracks_real_time(long_wav, tmp_path):
         assert row["server_stream_rtf"] is not None and abs(row["server_stream_rtf"] - 1.0) < 0.15, row[
             "server_stream_rtf"]
 
-
 def test_one_slot_server_fails_load_admission(voiced_wav, tmp_path):
     """With max_sessions 1 the multi-session flags are false, so even --sessions 1 fails admission."""
     report = load_against(ServerConfig(max_sessions=1), voiced_wav, tmp_path / "o", 1, 3)
     assert report["sessions"][0]["error"] == "admission: AssertionError"
-
 
 def test_frame_cost_shows_the_knee(long_wav, tmp_path):
     """Two sessions at 60 ms per frame on one serial worker exceed real time: stream RTF above 1."""

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import REPO_ROOT, start_server_process, stop_process
 
 from h3batch.api import create_app
 from h3batch.loadrunner.sweep_settings import SweepSettings
 from h3batch.loadrunner.sweep_spec import parse_sweep_request, points
 from h3batch.loadrunner.sweep_store import BEAT_LOCK_KEY, create_sweep, get_sweep
+from tests.loadrunner.harness import REPO_ROOT, start_server_process, stop_process
 
 H3BATCH = str(Path(sys.executable).parent / "h3batch")
 SMALL = {"sessions": [1, 2], "load_frames": [6], "drain_s": 0.3, "tail_s": 0.0, "timeout_s": 5.0,
@@ -209,8 +209,10 @@ def test_compose_services_and_schedule():
 
 
 @pytest.mark.parametrize("code,absent", [
-    ("import h3batch.api.sweeps; from api import create_app; create_app({'TESTING': True})", ("torch", "numpy", "websockets")),
-    ("import h3batch.loadrunner.celery_app, h3batch.loadrunner.sweep_tasks, h3batch.loadrunner.beat, h3batch.loadrunner.server", ("torch",)),
+    ("import h3batch.api.sweeps; from h3batch.api import create_app; create_app({'TESTING': True})",
+     ("torch", "numpy", "websockets")),
+    ("import h3batch.loadrunner.celery_app, h3batch.loadrunner.sweep_tasks, h3batch.loadrunner.beat, "
+     "h3batch.loadrunner.server", ("torch",)),
 ])
 def test_import_footprint(code, absent):
     """The API blueprint stays free of torch/numpy/websockets, and the sweep Celery app never imports torch."""

@@ -1,6 +1,7 @@
-"""Fixture fault modes of the reference server (spec §13); a pure reply function per client message.
+"""The reference server's fault modes (spec §13 "fixture modes"): a pure reply function per client message.
 
 Each mode deviates from `success` in one way so the end-to-end matrix can prove one driver behaviour per mode.
+`ConnectionState` is the per-connection record tests inspect, shared with the realtime mode.
 """
 from __future__ import annotations
 
