@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import CASES, assert_matches, make_inputs
 
 import h3batch.kernels.backend as backend
 import h3batch.kernels.launch as launch
 from h3batch.kernels import rms_norm_indexed_scale_shift
+from tests.kernels.kernel_cases import CASES, assert_matches, make_inputs
 
 EPS = 1e-6
 MODES = [(torch.float32, "generic"), (torch.bfloat16, "generic"), (torch.bfloat16, "sm90_bf16_affine")]
