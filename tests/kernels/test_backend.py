@@ -67,3 +67,36 @@ def test_triton_on_cpu_without_the_interpreter_is_refused():
     with pytest.raises(ValueError, match="^backend: triton on CPU tensors needs TRITON_INTERPRET=1"):
         backend.resolve_backend("triton", torch.device("cpu"), CompiledKernel())
     assert backend.resolve_backend("triton", torch.device("cuda"), CompiledKernel()) is Backend.TRITON
+
+
+def test_env_setting_reads_the_environment(monkeypatch):
+    """env_setting returns a knob's raw value, and None when the variable is unset."""
+    assert backend.env_setting(backend.BACKEND_ENV) is None
+    monkeypatch.setenv(backend.BACKEND_ENV, " Torch ")
+    assert backend.env_setting(backend.BACKEND_ENV) == " Torch "
+
+
+def test_blank_env_knobs_mean_automatic(monkeypatch):
+    """A knob set to blanks is treated as unset: the automatic choice applies, no ValueError."""
+    monkeypatch.setenv(backend.PRECISION_ENV, "  ")
+    monkeypatch.setenv(backend.BACKEND_ENV, "")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert backend.resolve_precision(None, torch.zeros(1, 4, dtype=torch.bfloat16)) is Precision.GENERIC
+    assert backend.resolve_backend(None, torch.device("cpu"), object()) is Backend.TORCH
+
+
+def test_both_knobs_are_read_through_env_setting(monkeypatch):
+    """With env_setting patched (as a settings object would replace it), both knobs follow it, not os.environ."""
+    monkeypatch.setenv(backend.PRECISION_ENV, "generic")
+    monkeypatch.setenv(backend.BACKEND_ENV, "triton")
+    knobs = {backend.PRECISION_ENV: "sm90_bf16_affine", backend.BACKEND_ENV: "torch"}
+    seen = []
+    monkeypatch.setattr(backend, "env_setting", lambda name: seen.append(name) or knobs.get(name))
+    bf16 = torch.zeros(1, 4, dtype=torch.bfloat16)
+    assert backend.resolve_precision(None, bf16) is Precision.SM90_BF16_AFFINE
+    assert backend.resolve_backend(None, torch.device("cuda"), object()) is Backend.TORCH
+    assert seen == [backend.PRECISION_ENV, backend.BACKEND_ENV]
+    # An explicit argument never consults the knob.
+    assert backend.resolve_precision("generic", bf16) is Precision.GENERIC
+    assert backend.resolve_backend("triton", torch.device("cuda"), object()) is Backend.TRITON
+    assert seen == [backend.PRECISION_ENV, backend.BACKEND_ENV]

@@ -1,8 +1,10 @@
-"""launch: row chunks, launch plans and block sizes."""
+"""launch: row chunks, launch plans, block sizes, the shared launch loop and the shared table check."""
 from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import h3batch.kernels.launch as launch
 
@@ -35,3 +37,33 @@ def test_block_config_refuses_wide_rows():
     """Rows wider than the supported maximum raise ValueError naming the hidden size."""
     with pytest.raises(ValueError, match="^hidden size: at most 65536"):
         launch.block_config(65537)
+
+
+@triton.jit
+def _row_id_kernel(
+    out_ptr,  # int64 [rows, COLUMNS], contiguous: each program writes its row number into its cell
+    row_offset,  # first row of this launch
+    NATIVE_CAST: tl.constexpr,  # unused here; launch_rows passes it to every kernel
+    COLUMNS: tl.constexpr,  # grid axis 1
+):
+    # This program owns one cell: row row_offset + program id 0, column program id 1.
+    row = tl.program_id(0).to(tl.int64) + row_offset
+    tl.store(out_ptr + row * COLUMNS + tl.program_id(1), row)
+
+
+def test_launch_rows_covers_every_row_and_column(device, monkeypatch):
+    """With 4 rows per launch, 10 rows x 3 grid columns take 3 launches whose row offsets fill every cell once."""
+    monkeypatch.setattr(launch, "MAX_ROWS_PER_LAUNCH", 4)
+    monkeypatch.setattr(launch, "CUDA_MAX_GRID_ROWS", 4)
+    assert launch.launch_plan(10, torch.device(device)) == [(0, 4), (4, 4), (8, 2)]
+    out = torch.full((10, 3), -1, dtype=torch.int64, device=device)
+    launch.launch_rows(_row_id_kernel, 10, out.device, out, grid_columns=3, COLUMNS=3)
+    assert torch.equal(out.cpu(), torch.arange(10).repeat_interleave(3).view(10, 3))
+
+
+def test_tables_indexed_together_must_match():
+    """check_same_rows names the first table whose shape differs from the first one's."""
+    gate, shift = torch.zeros(3, 8), torch.zeros(3, 8)
+    launch.check_same_rows(("gate", gate), ("shift", shift))
+    with pytest.raises(ValueError, match=r"^scale: expected the shape of gate \(3, 8\), got \(2, 8\)"):
+        launch.check_same_rows(("gate", gate), ("shift", shift), ("scale", torch.zeros(2, 8)))
