@@ -8,9 +8,9 @@ Every modulation op takes `precision=None | "generic" | "sm90_bf16_affine"`; eve
 Written here rather than reused: the public implementation (vllm-omni's `indexed_modulation.py`) imports vLLM, and
 rounds with in-kernel bf16 casts that the Triton interpreter gets wrong, so its Hopper path cannot be tested on CPU.
 """
+from h3batch.kernels.backend import Backend, Precision, is_sm90_device
 from h3batch.kernels.gate import indexed_gate
 from h3batch.kernels.gate_rms_norm_scale_shift import indexed_gate_rms_norm_scale_shift
-from h3batch.kernels.modulation_common import Backend, Precision, is_sm90_device
 from h3batch.kernels.qk_norm_rope import qk_norm_rope
 from h3batch.kernels.rms_norm_scale_shift import rms_norm_indexed_scale_shift
 from h3batch.kernels.scale_shift import indexed_scale_shift_

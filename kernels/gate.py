@@ -10,20 +10,17 @@ import torch
 import triton
 import triton.language as tl
 
-from h3batch.kernels.modulation_common import (
-    Backend,
-    Precision,
+from h3batch.kernels.backend import Backend, Precision, resolve_backend, resolve_precision
+from h3batch.kernels.launch import (
     block_config,
     check_activation,
     check_indices,
     check_table,
-    is_interpreted,
-    launch_plan,
-    resolve_backend,
-    resolve_precision,
+    launch_rows,
+    new_rows,
     rows_of,
 )
-from h3batch.kernels.triton_math import round_to_bf16
+from h3batch.kernels.triton_math import program_row, round_to_bf16
 
 
 @triton.jit
@@ -46,9 +43,7 @@ def _indexed_gate_kernel(
     BLOCK_SIZE: tl.constexpr,  # columns per chunk (power of two); the row is streamed in chunks
 ):
     # This program owns one row: row = row_offset + program id, i.e. batch item row // S, position row % S.
-    row = tl.program_id(0).to(tl.int64) + row_offset
-    batch = row // seq_len
-    position = row % seq_len
+    row, batch, position = program_row(row_offset, seq_len)
     table_row = tl.load(indices_ptr + position).to(tl.int64)
     x_row_ptr = x_ptr + batch * stride_x_batch + position * stride_x_row
     other_row_ptr = other_ptr + batch * stride_other_batch + position * stride_other_row
@@ -66,18 +61,14 @@ def _indexed_gate_kernel(
 
 
 def _launch(x: torch.Tensor, gate: torch.Tensor, other: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = new_rows(x)
     rows, seq_len, stride_x_batch, stride_x_row = rows_of(x)
     _, _, stride_other_batch, stride_other_row = rows_of(other)
-    native_cast = not is_interpreted(_indexed_gate_kernel)
     block, warps = block_config(x.shape[-1])
-    for row_offset, grid_rows in launch_plan(rows, x.device):
-        _indexed_gate_kernel[(grid_rows,)](
-            out, x, gate, other, indices, seq_len, x.shape[-1], stride_x_batch, stride_x_row,
-            stride_other_batch, stride_other_row, gate.stride(0), row_offset,
-            OUT_BF16=x.dtype == torch.bfloat16, NATIVE_CAST=native_cast, BLOCK_SIZE=block, num_warps=warps,
-            enable_fp_fusion=False,  # no FMA: each op rounds like torch's
-        )
+    launch_rows(_indexed_gate_kernel, rows, x.device,
+                out, x, gate, other, indices, seq_len, x.shape[-1], stride_x_batch, stride_x_row,
+                stride_other_batch, stride_other_row, gate.stride(0),
+                OUT_BF16=x.dtype == torch.bfloat16, BLOCK_SIZE=block, num_warps=warps)
     return out
 
 
@@ -98,5 +89,5 @@ def indexed_gate(x: torch.Tensor, gate: torch.Tensor, other: torch.Tensor, indic
     if resolve_backend(backend, x.device, _indexed_gate_kernel) is Backend.TORCH:
         return reference_indexed_gate(x, gate, other, indices)
     if x.numel() == 0:
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        return new_rows(x)
     return _launch(x, gate, other, indices)

@@ -14,24 +14,21 @@ import torch
 import triton
 import triton.language as tl
 
-from h3batch.kernels.modulation_common import (
-    Backend,
-    Precision,
+from h3batch.kernels.backend import Backend, Precision, resolve_backend, resolve_precision
+from h3batch.kernels.launch import (
     block_config,
     check_activation,
     check_eps,
     check_indices,
+    check_same_rows,
     check_table,
     check_weight,
-    is_interpreted,
-    launch_plan,
-    reference_rms_modulate,
-    resolve_backend,
-    resolve_precision,
-    round_bf16,
+    launch_rows,
+    new_rows,
     rows_of,
 )
-from h3batch.kernels.triton_math import normalize_modulate, round_to_bf16
+from h3batch.kernels.rms_norm_scale_shift import reference_rms_norm_indexed_scale_shift
+from h3batch.kernels.triton_math import normalize_modulate, program_row, round_to_bf16
 
 
 @triton.jit
@@ -62,17 +59,16 @@ def _indexed_gate_rms_norm_scale_shift_kernel(
     BLOCK_SIZE: tl.constexpr,  # columns per chunk (power of two); the row is streamed in chunks
 ):
     # This program owns one row: row = row_offset + program id, i.e. batch item row // S, position row % S.
-    row = tl.program_id(0).to(tl.int64) + row_offset
-    batch = row // seq_len
-    position = row % seq_len
+    row, batch, position = program_row(row_offset, seq_len)
     table_row = tl.load(indices_ptr + position).to(tl.int64)
     residual_row_ptr = residual_ptr + batch * stride_residual_batch + position * stride_residual_row
     branch_row_ptr = branch_ptr + batch * stride_branch_batch + position * stride_branch_row
     out_row_ptr = residual_out_ptr + row * hidden
 
-    # Pass 1: u = residual + gate * branch in the residual's dtype (bf16-rounded for bf16); store it and sum its squares in the same
-    # chunk order as row_rstd, so `modulated` is bit-identical to the RMS op applied to residual_out. Cache hints
-    # (evict_last on what pass 2 re-reads and on the tables, evict_first on the rest) measured ~2% faster here.
+    # Pass 1: u = residual + gate * branch in the residual's dtype (bf16-rounded for bf16); store it and sum its
+    # squares in the same chunk order as row_rstd, so `modulated` is bit-identical to the RMS op applied to
+    # residual_out. Cache hints (evict_last on what pass 2 re-reads and on the tables, evict_first on the rest)
+    # measured ~2% faster here.
     squares = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
     for start in range(0, hidden, BLOCK_SIZE):
         columns = start + tl.arange(0, BLOCK_SIZE)
@@ -107,31 +103,27 @@ def _indexed_gate_rms_norm_scale_shift_kernel(
 
 
 def _launch(residual, gate, branch, weight, shift, scale, indices, eps, precision):
-    residual_out = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
-    modulated = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
+    residual_out, modulated = new_rows(residual), new_rows(residual)
     rows, seq_len, stride_residual_batch, stride_residual_row = rows_of(residual)
     _, _, stride_branch_batch, stride_branch_row = rows_of(branch)
     hidden = residual.shape[-1]
-    native_cast = not is_interpreted(_indexed_gate_rms_norm_scale_shift_kernel)
     block, warps = block_config(hidden)
-    for row_offset, grid_rows in launch_plan(rows, residual.device):
-        _indexed_gate_rms_norm_scale_shift_kernel[(grid_rows,)](
-            residual_out, modulated, residual, gate, branch, weight, shift, scale, indices, seq_len, hidden,
-            stride_residual_batch, stride_residual_row, stride_branch_batch, stride_branch_row,
-            gate.stride(0), shift.stride(0), scale.stride(0), row_offset, float(eps),
-            SM90_BF16_AFFINE=precision is Precision.SM90_BF16_AFFINE, OUT_BF16=residual.dtype == torch.bfloat16,
-            NATIVE_CAST=native_cast, BLOCK_SIZE=block, num_warps=warps,
-            enable_fp_fusion=False,  # no FMA: each op rounds like torch's
-        )
+    launch_rows(_indexed_gate_rms_norm_scale_shift_kernel, rows, residual.device,
+                residual_out, modulated, residual, gate, branch, weight, shift, scale, indices, seq_len, hidden,
+                stride_residual_batch, stride_residual_row, stride_branch_batch, stride_branch_row,
+                gate.stride(0), shift.stride(0), scale.stride(0), eps=float(eps),
+                SM90_BF16_AFFINE=precision is Precision.SM90_BF16_AFFINE, OUT_BF16=residual.dtype == torch.bfloat16,
+                BLOCK_SIZE=block, num_warps=warps)
     return residual_out, modulated
 
 
 def reference_indexed_gate_rms_norm_scale_shift(residual, gate, branch, weight, shift, scale, indices, eps,
                                                 precision: Precision) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager torch semantics of the op in the given mode (also the CPU path)."""
-    updated = (residual.float() + gate[indices].float() * branch.float()).to(residual.dtype).float()
-    modulated = reference_rms_modulate(updated, weight, shift[indices], scale[indices], eps, precision)
-    return updated.to(residual.dtype), modulated.to(residual.dtype)
+    """Eager torch semantics of the op in the given mode (also the CPU path): `u` in the residual's dtype, then the
+    RMS op's reference on it."""
+    residual_out = (residual.float() + gate[indices].float() * branch.float()).to(residual.dtype)
+    return residual_out, reference_rms_norm_indexed_scale_shift(residual_out, weight, shift, scale, indices, eps,
+                                                                precision)
 
 
 def indexed_gate_rms_norm_scale_shift(residual: torch.Tensor, gate: torch.Tensor, branch: torch.Tensor,
@@ -149,9 +141,7 @@ def indexed_gate_rms_norm_scale_shift(residual: torch.Tensor, gate: torch.Tensor
     check_weight(weight, residual)
     check_table("shift", shift, residual)
     check_table("scale", scale, residual)
-    for name, table in (("shift", shift), ("scale", scale)):
-        if table.shape != gate.shape:
-            raise ValueError(f"{name}: expected the shape of gate {tuple(gate.shape)}, got {tuple(table.shape)}")
+    check_same_rows(("gate", gate), ("shift", shift), ("scale", scale))
     check_indices(indices, residual, gate.shape[0])
     check_eps(eps)
     mode = resolve_precision(precision, residual)
@@ -159,6 +149,5 @@ def indexed_gate_rms_norm_scale_shift(residual: torch.Tensor, gate: torch.Tensor
         return reference_indexed_gate_rms_norm_scale_shift(residual, gate, branch, weight, shift, scale, indices,
                                                            eps, mode)
     if residual.numel() == 0:
-        return (torch.empty(residual.shape, dtype=residual.dtype, device=residual.device),
-                torch.empty(residual.shape, dtype=residual.dtype, device=residual.device))
+        return new_rows(residual), new_rows(residual)
     return _launch(residual, gate, branch, weight, shift, scale, indices, eps, mode)

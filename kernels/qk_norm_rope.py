@@ -28,8 +28,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from h3batch.kernels.modulation_common import Backend, is_interpreted, launch_plan, resolve_backend
-from h3batch.kernels.triton_math import round_to_bf16
+from h3batch.kernels.backend import Backend, resolve_backend
+from h3batch.kernels.launch import check_dtype, check_eps, launch_rows
+from h3batch.kernels.triton_math import program_row, round_to_bf16
 
 MAX_ELEMENTS_PER_PROGRAM = 1024
 """Heads per program are chosen so one program holds at most this many channels (8 heads of 128 for H3)."""
@@ -59,11 +60,9 @@ def _qk_norm_rope_kernel(
     HEAD_BLOCK: tl.constexpr,  # channels per head rounded up to a power of two
 ):
     # This program owns HEADS_BLOCK heads of one row of q (axis 1 even) or k (odd): row = row_offset + program id 0.
-    row = tl.program_id(0).to(tl.int64) + row_offset
+    row, batch, position = program_row(row_offset, seq_len)
     which = tl.program_id(1) % 2  # 0 = q, 1 = k
     first_head = (tl.program_id(1) // 2) * HEADS_BLOCK
-    batch = row // seq_len
-    position = row % seq_len
     inner = heads * head_dim
 
     head = first_head + tl.arange(0, HEADS_BLOCK)  # [HB]
@@ -121,8 +120,7 @@ def _check(qkv: torch.Tensor, head_dim: int, q_weight: torch.Tensor, k_weight: t
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 3:
         raise ValueError(f"qkv: expected a 3-D [B, S, 3 * heads * hd] tensor, got "
                          f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
-    if qkv.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"qkv: expected dtype float32 or bfloat16, got {qkv.dtype}")
+    check_dtype("qkv", qkv)
     if not isinstance(head_dim, int) or head_dim < 1 or qkv.shape[-1] % (3 * head_dim):
         raise ValueError(f"head_dim: expected a positive int dividing qkv's last dim / 3 = {qkv.shape[-1] / 3}, "
                          f"got {head_dim!r}")
@@ -135,8 +133,7 @@ def _check(qkv: torch.Tensor, head_dim: int, q_weight: torch.Tensor, k_weight: t
         if weight.device != qkv.device or not weight.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous tensor on {qkv.device}, got {weight.device} "
                              f"strides {weight.stride()}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 <= float(eps) < float("inf"):
-        raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
+    check_eps(eps)
     if rope is not None:
         cos, sin = rope
         width = cos.shape[-1] if cos.dim() == 2 else -1
@@ -187,16 +184,12 @@ def _launch(qkv: torch.Tensor, head_dim: int, heads: int, q_weight: torch.Tensor
     warps = max(1, min(8, heads_block * head_block // 256))
     cos, sin = rope if rope is not None else (qkv, qkv)  # unread without ROPE_WIDTH
     width = rope[0].shape[-1] if rope is not None else 0
-    head_groups = triton.cdiv(heads, heads_block)
-    for row_offset, grid_rows in launch_plan(rows, qkv.device):
-        _qk_norm_rope_kernel[(grid_rows, 2 * head_groups)](
-            out, qkv, q_weight, k_weight, cos, sin, seq_len, rows, heads, head_dim,
-            qkv.stride(0), qkv.stride(1), cos.stride(0) if rope is not None else 0, row_offset, float(eps),
-            ROPE_WIDTH=width, ROUND_BF16=qkv.dtype == torch.bfloat16,
-            NATIVE_CAST=not is_interpreted(_qk_norm_rope_kernel), HEADS_BLOCK=heads_block, HEAD_BLOCK=head_block,
-            num_warps=warps,
-            enable_fp_fusion=False,  # no FMA: each op rounds like torch's
-        )
+    launch_rows(_qk_norm_rope_kernel, rows, qkv.device,
+                out, qkv, q_weight, k_weight, cos, sin, seq_len, rows, heads, head_dim,
+                qkv.stride(0), qkv.stride(1), cos.stride(0) if rope is not None else 0, eps=float(eps),
+                grid_columns=2 * triton.cdiv(heads, heads_block),  # (q, k) x head groups
+                ROPE_WIDTH=width, ROUND_BF16=qkv.dtype == torch.bfloat16, HEADS_BLOCK=heads_block,
+                HEAD_BLOCK=head_block, num_warps=warps)
     return out[0], out[1]
 
 

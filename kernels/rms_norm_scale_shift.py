@@ -1,7 +1,7 @@
 """rms_norm_indexed_scale_shift: `out[r] = RMSNorm_w(x[r]) * (1 + scale[i]) + shift[i]`, `i = indices[r]`.
 
 Spec h3-model.md §5.1 (used at §4.3 step 6.2). Private Triton kernel, launcher, torch reference, and the public
-dispatching function; precision modes are described in `h3batch.kernels.modulation_common`.
+dispatching function; precision modes are described in `h3batch.kernels.backend`.
 """
 from __future__ import annotations
 
@@ -9,23 +9,20 @@ import torch
 import triton
 import triton.language as tl
 
-from h3batch.kernels.modulation_common import (
-    Backend,
-    Precision,
+from h3batch.kernels.backend import Backend, Precision, resolve_backend, resolve_precision
+from h3batch.kernels.launch import (
     block_config,
     check_activation,
     check_eps,
     check_indices,
+    check_same_rows,
     check_table,
     check_weight,
-    is_interpreted,
-    launch_plan,
-    reference_rms_modulate,
-    resolve_backend,
-    resolve_precision,
+    launch_rows,
+    new_rows,
     rows_of,
 )
-from h3batch.kernels.triton_math import normalize_modulate, round_to_bf16, row_rstd
+from h3batch.kernels.triton_math import normalize_modulate, program_row, round_to_bf16, row_rstd
 
 
 @triton.jit
@@ -51,9 +48,7 @@ def _rms_norm_indexed_scale_shift_kernel(
     RESIDENT_CHUNKS: tl.constexpr,  # 1..4: the whole row stays in registers (one read); 0: stream it twice
 ):
     # This program owns one row of x: row = row_offset + program id, i.e. batch item row // S, position row % S.
-    row = tl.program_id(0).to(tl.int64) + row_offset
-    batch = row // seq_len
-    position = row % seq_len
+    row, batch, position = program_row(row_offset, seq_len)
     table_row = tl.load(indices_ptr + position).to(tl.int64)
     x_row_ptr = x_ptr + batch * stride_x_batch + position * stride_x_row
     out_row_ptr = out_ptr + row * hidden
@@ -131,28 +126,40 @@ def resident_chunks(hidden: int, block: int) -> int:
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, indices: torch.Tensor,
             eps: float, precision: Precision) -> torch.Tensor:
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = new_rows(x)
     rows, seq_len, stride_batch, stride_row = rows_of(x)
     hidden = x.shape[-1]
-    native_cast = not is_interpreted(_rms_norm_indexed_scale_shift_kernel)
     block, warps = block_config(hidden)
-    for row_offset, grid_rows in launch_plan(rows, x.device):
-        _rms_norm_indexed_scale_shift_kernel[(grid_rows,)](
-            out, x, weight, shift, scale, indices, seq_len, hidden, stride_batch, stride_row,
-            shift.stride(0), scale.stride(0), row_offset, float(eps),
-            SM90_BF16_AFFINE=precision is Precision.SM90_BF16_AFFINE, OUT_BF16=x.dtype == torch.bfloat16,
-            NATIVE_CAST=native_cast, BLOCK_SIZE=block, RESIDENT_CHUNKS=resident_chunks(hidden, block),
-            num_warps=warps,
-            enable_fp_fusion=False,  # no FMA: each op rounds like torch's
-        )
+    launch_rows(_rms_norm_indexed_scale_shift_kernel, rows, x.device,
+                out, x, weight, shift, scale, indices, seq_len, hidden, stride_batch, stride_row,
+                shift.stride(0), scale.stride(0), eps=float(eps),
+                SM90_BF16_AFFINE=precision is Precision.SM90_BF16_AFFINE, OUT_BF16=x.dtype == torch.bfloat16,
+                BLOCK_SIZE=block, RESIDENT_CHUNKS=resident_chunks(hidden, block), num_warps=warps)
     return out
+
+
+def round_bf16(t: torch.Tensor) -> torch.Tensor:
+    """fp32 -> nearest bf16 (ties to even, as torch casts) -> back to fp32."""
+    return t.to(torch.bfloat16).to(torch.float32)
 
 
 def reference_rms_norm_indexed_scale_shift(x: torch.Tensor, weight: torch.Tensor, shift: torch.Tensor,
                                            scale: torch.Tensor, indices: torch.Tensor, eps: float,
                                            precision: Precision) -> torch.Tensor:
-    """Eager torch semantics of the op in the given mode (also the CPU path)."""
-    out = reference_rms_modulate(x.float(), weight, shift[indices], scale[indices], eps, precision)
+    """Eager torch semantics of the op in the given mode (also the CPU path): fp32 RMSNorm of x, then the affine.
+
+    The gate+norm op's reference normalizes its `residual_out` with this function (the spec's residual boundary).
+    """
+    u = x.float()
+    variance = (u * u).sum(-1, keepdim=True) / u.shape[-1]
+    normalized = u * torch.rsqrt(variance + eps) * weight.float()
+    shift_rows, scale_rows = shift[indices].float(), scale[indices].float()
+    if precision is Precision.GENERIC:
+        out = normalized * (1.0 + scale_rows) + shift_rows
+    else:
+        # SM90_BF16_AFFINE: n rounded to bf16, then each bf16 op rounds (eager bf16: (scale + 1), n * that, + shift).
+        normalized = round_bf16(normalized)
+        out = round_bf16(round_bf16(normalized * round_bf16(scale_rows + 1.0)) + shift_rows)
     return out.to(x.dtype)
 
 
@@ -167,13 +174,12 @@ def rms_norm_indexed_scale_shift(x: torch.Tensor, weight: torch.Tensor, shift: t
     check_weight(weight, x)
     check_table("shift", shift, x)
     check_table("scale", scale, x)
-    if scale.shape != shift.shape:
-        raise ValueError(f"scale: expected the shape of shift {tuple(shift.shape)}, got {tuple(scale.shape)}")
+    check_same_rows(("shift", shift), ("scale", scale))
     check_indices(indices, x, shift.shape[0])
     check_eps(eps)
     mode = resolve_precision(precision, x)
     if resolve_backend(backend, x.device, _rms_norm_indexed_scale_shift_kernel) is Backend.TORCH:
         return reference_rms_norm_indexed_scale_shift(x, weight, shift, scale, indices, eps, mode)
     if x.numel() == 0:
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        return new_rows(x)
     return _launch(x, weight, shift, scale, indices, eps, mode)

@@ -10,20 +10,17 @@ import torch
 import triton
 import triton.language as tl
 
-from h3batch.kernels.modulation_common import (
-    Backend,
-    Precision,
+from h3batch.kernels.backend import Backend, Precision, resolve_backend, resolve_precision
+from h3batch.kernels.launch import (
     block_config,
     check_activation,
     check_indices,
+    check_same_rows,
     check_table,
-    is_interpreted,
-    launch_plan,
-    resolve_backend,
-    resolve_precision,
+    launch_rows,
     rows_of,
 )
-from h3batch.kernels.triton_math import round_to_bf16
+from h3batch.kernels.triton_math import program_row, round_to_bf16
 
 
 @triton.jit
@@ -44,9 +41,7 @@ def _indexed_scale_shift_kernel(
     BLOCK_SIZE: tl.constexpr,  # columns per chunk (power of two); the row is streamed in chunks
 ):
     # This program owns one row of x: row = row_offset + program id, i.e. batch item row // S, position row % S.
-    row = tl.program_id(0).to(tl.int64) + row_offset
-    batch = row // seq_len
-    position = row % seq_len
+    _, batch, position = program_row(row_offset, seq_len)
     table_row = tl.load(indices_ptr + position).to(tl.int64)
     x_row_ptr = x_ptr + batch * stride_x_batch + position * stride_x_row
 
@@ -64,15 +59,11 @@ def _indexed_scale_shift_kernel(
 
 def _launch(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, indices: torch.Tensor) -> None:
     rows, seq_len, stride_batch, stride_row = rows_of(x)
-    native_cast = not is_interpreted(_indexed_scale_shift_kernel)
     block, warps = block_config(x.shape[-1])
-    for row_offset, grid_rows in launch_plan(rows, x.device):
-        _indexed_scale_shift_kernel[(grid_rows,)](
-            x, shift, scale, indices, seq_len, x.shape[-1], stride_batch, stride_row,
-            shift.stride(0), scale.stride(0), row_offset,
-            OUT_BF16=x.dtype == torch.bfloat16, NATIVE_CAST=native_cast, BLOCK_SIZE=block, num_warps=warps,
-            enable_fp_fusion=False,  # no FMA: each op rounds like torch's
-        )
+    launch_rows(_indexed_scale_shift_kernel, rows, x.device,
+                x, shift, scale, indices, seq_len, x.shape[-1], stride_batch, stride_row,
+                shift.stride(0), scale.stride(0),
+                OUT_BF16=x.dtype == torch.bfloat16, BLOCK_SIZE=block, num_warps=warps)
 
 
 def reference_indexed_scale_shift(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
@@ -88,8 +79,7 @@ def indexed_scale_shift_(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tens
     check_activation("x", x)
     check_table("shift", shift, x)
     check_table("scale", scale, x)
-    if scale.shape != shift.shape:
-        raise ValueError(f"scale: expected the shape of shift {tuple(shift.shape)}, got {tuple(scale.shape)}")
+    check_same_rows(("shift", shift), ("scale", scale))
     check_indices(indices, x, shift.shape[0])
     resolve_precision(precision, x)  # same semantics in every mode; resolved only to refuse bad values
     if resolve_backend(backend, x.device, _indexed_scale_shift_kernel) is Backend.TORCH:

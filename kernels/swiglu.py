@@ -19,8 +19,9 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from h3batch.kernels.modulation_common import Backend, is_interpreted, launch_plan, resolve_backend
-from h3batch.kernels.triton_math import round_to_bf16
+from h3batch.kernels.backend import Backend, resolve_backend
+from h3batch.kernels.launch import check_dtype, launch_rows, rows_of
+from h3batch.kernels.triton_math import program_row, round_to_bf16
 
 BLOCK_COLUMNS = 1024
 """Output columns per program: 8 bf16 per thread (16-byte loads) at 4 warps."""
@@ -40,9 +41,7 @@ def _swiglu_kernel(
     BLOCK_SIZE: tl.constexpr,  # output columns per program (power of two)
 ):
     # This program owns columns [pid1 * BLOCK_SIZE, +BLOCK_SIZE) of one row: row = row_offset + program id 0.
-    row = tl.program_id(0).to(tl.int64) + row_offset
-    batch = row // seq_len
-    position = row % seq_len
+    row, batch, position = program_row(row_offset, seq_len)
     columns = tl.program_id(1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = columns < ffn
     in_row_ptr = fc1_ptr + batch * stride_batch + position * stride_row
@@ -64,8 +63,7 @@ def _check(fc1_out: torch.Tensor) -> None:
     if not isinstance(fc1_out, torch.Tensor) or fc1_out.dim() not in (2, 3):
         raise ValueError(f"fc1_out: expected a 2-D [R, 2F] or 3-D [B, S, 2F] tensor, got "
                          f"{tuple(fc1_out.shape) if isinstance(fc1_out, torch.Tensor) else type(fc1_out).__name__}")
-    if fc1_out.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"fc1_out: expected dtype float32 or bfloat16, got {fc1_out.dtype}")
+    check_dtype("fc1_out", fc1_out)
     if fc1_out.shape[-1] % 2 or fc1_out.shape[-1] == 0:
         raise ValueError(f"fc1_out: last dim must be 2F (gate | up) with F >= 1, got {fc1_out.shape[-1]}")
     if fc1_out.stride(-1) != 1:
@@ -81,21 +79,13 @@ def reference_swiglu(fc1_out: torch.Tensor) -> torch.Tensor:
 def _launch(fc1_out: torch.Tensor) -> torch.Tensor:
     ffn = fc1_out.shape[-1] // 2
     out = torch.empty((*fc1_out.shape[:-1], ffn), dtype=fc1_out.dtype, device=fc1_out.device)
-    if fc1_out.dim() == 2:
-        rows, seq_len, stride_batch, stride_row = fc1_out.shape[0], fc1_out.shape[0], 0, fc1_out.stride(0)
-    else:
-        rows, seq_len = fc1_out.shape[0] * fc1_out.shape[1], fc1_out.shape[1]
-        stride_batch, stride_row = fc1_out.stride(0), fc1_out.stride(1)
+    rows, seq_len, stride_batch, stride_row = rows_of(fc1_out)
     if rows == 0:
         return out
     block = min(BLOCK_COLUMNS, triton.next_power_of_2(ffn))
-    for row_offset, grid_rows in launch_plan(rows, fc1_out.device):
-        _swiglu_kernel[(grid_rows, triton.cdiv(ffn, block))](
-            out, fc1_out, seq_len, ffn, stride_batch, stride_row, row_offset,
-            ROUND_BF16=fc1_out.dtype == torch.bfloat16, NATIVE_CAST=not is_interpreted(_swiglu_kernel),
-            BLOCK_SIZE=block, num_warps=max(1, min(4, block // 256)),
-            enable_fp_fusion=False,  # no FMA: each op rounds like torch's
-        )
+    launch_rows(_swiglu_kernel, rows, fc1_out.device, out, fc1_out, seq_len, ffn, stride_batch, stride_row,
+                grid_columns=triton.cdiv(ffn, block), ROUND_BF16=fc1_out.dtype == torch.bfloat16,
+                BLOCK_SIZE=block, num_warps=max(1, min(4, block // 256)))
     return out
 
 

@@ -1,4 +1,4 @@
-"""Triton device functions shared by the modulation kernels: explicit bf16 rounding, row RMS, RMSNorm + affine.
+"""Triton device functions shared by the kernels: the program's row, explicit bf16 rounding, row RMS, RMSNorm + affine.
 
 Why round explicitly: under TRITON_INTERPRET=1 (Triton 3.9, CPU) an fp32 -> bf16 conversion truncates instead of
 rounding to nearest even, and arithmetic on bf16 values returns garbage; converting a value that bf16 already
@@ -18,6 +18,13 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def program_row(row_offset, seq_len):
+    """The row this program owns (row_offset + program id 0, as int64), its batch item row // S and position row % S."""
+    row = tl.program_id(0).to(tl.int64) + row_offset
+    return row, row // seq_len, row % seq_len
 
 
 @triton.jit

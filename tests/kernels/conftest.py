@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import pytest
-from kernel_cases import CUDA, INTERPRETER_IN_PROCESS
+
+from tests.kernels.kernel_cases import CUDA, INTERPRETER_IN_PROCESS
 
 DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(

@@ -20,14 +20,6 @@ CUDA = torch.cuda.is_available()
 SUBPROCESS_ENV = "H3BATCH_KERNEL_TESTS_SUBPROCESS"
 """Set in the child pytest that `test_interpreter_subprocess.py` starts (stops it recursing)."""
 
-# The repo root first: an editable install made before kernels/__init__.py existed resolves `kernels` as a namespace.
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-_stale = sys.modules.get("kernels")
-if _stale is not None and getattr(_stale, "__file__", None) is None:
-    for _name in [n for n in sys.modules if n == "kernels" or n.startswith("kernels.")]:
-        del sys.modules[_name]
-
 INTERPRETER_IN_PROCESS = False
 if not CUDA:
     if "triton" not in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":

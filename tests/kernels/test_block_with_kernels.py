@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import BF16_TOL
 
 from h3batch.worker.h3.config import T2
 from h3batch.worker.h3.model import DiTBlock, RotaryEmbedding
+from tests.kernels.kernel_cases import BF16_TOL
 
 ROWS, STEPS = 23, 2  # S rows of one packed sequence, M distinct timesteps -> 3M = 6 AdaLN table rows
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import BF16_TOL, CASES, assert_matches, make_inputs
 
 from h3batch.kernels import indexed_gate_rms_norm_scale_shift, rms_norm_indexed_scale_shift
+from tests.kernels.kernel_cases import BF16_TOL, CASES, assert_matches, make_inputs
 
 EPS = 1e-6
 MODES = [(torch.float32, "generic"), (torch.bfloat16, "generic"), (torch.bfloat16, "sm90_bf16_affine")]

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import CASES, INTERPRETER_IN_PROCESS, assert_matches, make_inputs
 
 from h3batch.kernels import indexed_scale_shift_
+from tests.kernels.kernel_cases import CASES, INTERPRETER_IN_PROCESS, assert_matches, make_inputs
 
 MODES = [(torch.float32, "generic"), (torch.bfloat16, "generic"), (torch.bfloat16, "sm90_bf16_affine")]
 

@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from kernel_cases import CUDA, INTERPRETER_IN_PROCESS, REPO, SUBPROCESS_ENV
+
+from tests.kernels.kernel_cases import CUDA, INTERPRETER_IN_PROCESS, REPO, SUBPROCESS_ENV
 
 
 @pytest.mark.skipif(CUDA or INTERPRETER_IN_PROCESS or os.environ.get(SUBPROCESS_ENV) == "1",

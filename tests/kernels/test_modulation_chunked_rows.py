@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import Case, assert_matches, make_inputs
 
 import h3batch.kernels.gate as gate_module
 import h3batch.kernels.gate_rms_norm_scale_shift as gate_norm_module
@@ -15,6 +14,7 @@ from h3batch.kernels import (
     indexed_scale_shift_,
     rms_norm_indexed_scale_shift,
 )
+from tests.kernels.kernel_cases import Case, assert_matches, make_inputs
 
 CASE = Case((7,), 336)  # 336 = 2 full 128-column chunks + 80
 EPS = 1e-6

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import CUDA, assert_matches
 
 from h3batch.kernels import qk_norm_rope
 from h3batch.kernels.qk_norm_rope import reference_qk_norm_rope
 from h3batch.worker.h3.config import T2
 from h3batch.worker.h3.model import Attention, RotaryEmbedding, apply_rope
+from tests.kernels.kernel_cases import CUDA, assert_matches
 
 HEADS, HEAD_DIM, WIDTH = 4, 32, 24  # 4 heads x 32 channels, RoPE on 24 of them (T2's 6 * 4)
 EPS = 1e-5

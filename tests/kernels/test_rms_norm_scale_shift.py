@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import CASES, assert_matches, make_inputs
 
-import h3batch.kernels.modulation_common as common
+import h3batch.kernels.backend as backend
+import h3batch.kernels.launch as launch
 from h3batch.kernels import rms_norm_indexed_scale_shift
+from tests.kernels.kernel_cases import CASES, assert_matches, make_inputs
 
 EPS = 1e-6
 MODES = [(torch.float32, "generic"), (torch.bfloat16, "generic"), (torch.bfloat16, "sm90_bf16_affine")]
@@ -84,19 +85,19 @@ def test_automatic_precision_follows_the_predicate(monkeypatch):
     t = make_inputs(CASES[0], torch.bfloat16, "cpu")
     generic, sm90 = (_call(t, mode, "torch") for mode in ("generic", "sm90_bf16_affine"))
     assert torch.equal(_call(t, None, "torch"), generic)
-    monkeypatch.setattr(common, "is_sm90_device", lambda device: True)
+    monkeypatch.setattr(backend, "is_sm90_device", lambda device: True)
     assert torch.equal(_call(t, None, "torch"), sm90)
-    monkeypatch.setenv(common.PRECISION_ENV, "generic")
+    monkeypatch.setenv(backend.PRECISION_ENV, "generic")
     assert torch.equal(_call(t, None, "torch"), generic)
     t32 = make_inputs(CASES[0], torch.float32, "cpu")
-    monkeypatch.delenv(common.PRECISION_ENV)
+    monkeypatch.delenv(backend.PRECISION_ENV)
     assert torch.equal(_call(t32, None, "torch"), _call(t32, "generic", "torch"))
 
 
 def test_row_chunks_cover_every_row(device, monkeypatch):
     """With a 4-row chunk limit the launcher makes several launches with row offsets and still fills every row."""
-    monkeypatch.setattr(common, "MAX_ROWS_PER_LAUNCH", 4)
-    monkeypatch.setattr(common, "CUDA_MAX_GRID_ROWS", 4)
+    monkeypatch.setattr(launch, "MAX_ROWS_PER_LAUNCH", 4)
+    monkeypatch.setattr(launch, "CUDA_MAX_GRID_ROWS", 4)
     t = make_inputs(CASES[2], torch.bfloat16, device)  # 2 x 9 = 18 rows -> 5 launches
-    assert len(common.launch_plan(18, torch.device(device))) == 5
+    assert len(launch.launch_plan(18, torch.device(device))) == 5
     assert_matches(_call(t, "sm90_bf16_affine", "triton"), _call(t, "sm90_bf16_affine", "torch"), exact=False)

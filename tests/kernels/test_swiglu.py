@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import CUDA, assert_matches
 
 from h3batch.kernels import swiglu
 from h3batch.kernels.swiglu import reference_swiglu
 from h3batch.worker.h3.config import T2
 from h3batch.worker.h3.model import SwiGLU
+from tests.kernels.kernel_cases import CUDA, assert_matches
 
 
 def _fc1_out(shape: tuple[int, ...], dtype: torch.dtype, device: str, seed: int = 0) -> torch.Tensor:
