@@ -80,9 +80,9 @@ def _flag(name: str, raw: str) -> bool:
 
 def _choice(*allowed: str) -> Callable[[str, str], str]:
     def parse(name: str, raw: str) -> str:
-        if raw not in allowed:
+        if raw.lower() not in allowed:
             raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, found {raw!r}")
-        return raw
+        return raw.lower()
     return parse
 
 
@@ -281,13 +281,19 @@ class Settings:
         return cls(**values)
 
 
-def env_value(name: str, env: Mapping[str, str] | None = None) -> Any:
-    """The parsed value of one declared variable (None when unset), for code that must read it at call time
-    rather than at start (the kernels' backend switch, which tests flip per call). Undeclared names raise."""
+def raw_value(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The stripped text of one declared variable, None when unset or blank. Undeclared names raise KeyError."""
     if name not in BY_NAME:
         raise KeyError(f"{name} is not declared in h3batch.settings.VARS")
     raw = (os.environ if env is None else env).get(name, "").strip()
-    return _PARSERS[name](name, raw) if raw else None
+    return raw or None
+
+
+def env_value(name: str, env: Mapping[str, str] | None = None) -> Any:
+    """The parsed value of one declared variable (None when unset), for code that must read it at call time
+    rather than once at start (the local stack's overrides). Undeclared names raise KeyError."""
+    raw = raw_value(name, env)
+    return _PARSERS[name](name, raw) if raw is not None else None
 
 
 def markdown_table() -> str:

@@ -18,6 +18,8 @@ import os
 
 import torch
 
+from h3batch.settings import raw_value
+
 PRECISION_ENV = "H3BATCH_MODULATION_PRECISION"
 """Default precision mode when an op gets `precision=None`: `generic` or `sm90_bf16_affine` (unset = automatic)."""
 
@@ -40,8 +42,11 @@ class Backend(enum.Enum):
 
 
 def env_setting(name: str) -> str | None:
-    """The raw value of one kernel knob (PRECISION_ENV, BACKEND_ENV), None when unset: the one place they are read."""
-    return os.environ.get(name)
+    """The text of one kernel knob (PRECISION_ENV, BACKEND_ENV), None when unset: the one place they are read.
+
+    Read at each call, not once at start, because the knob only fills in an argument a caller left as None and
+    tests flip it per call; the variables are declared (default, doc) with all others in h3batch/settings.py."""
+    return raw_value(name)
 
 
 def is_sm90_device(device: torch.device) -> bool:

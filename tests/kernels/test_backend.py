@@ -70,10 +70,12 @@ def test_triton_on_cpu_without_the_interpreter_is_refused():
 
 
 def test_env_setting_reads_the_environment(monkeypatch):
-    """env_setting returns a knob's raw value, and None when the variable is unset."""
+    """env_setting returns a knob's stripped text, and None when the variable is unset or blank."""
     assert backend.env_setting(backend.BACKEND_ENV) is None
     monkeypatch.setenv(backend.BACKEND_ENV, " Torch ")
-    assert backend.env_setting(backend.BACKEND_ENV) == " Torch "
+    assert backend.env_setting(backend.BACKEND_ENV) == "Torch"
+    monkeypatch.setenv(backend.BACKEND_ENV, "  ")
+    assert backend.env_setting(backend.BACKEND_ENV) is None
 
 
 def test_blank_env_knobs_mean_automatic(monkeypatch):
