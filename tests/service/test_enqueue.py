@@ -52,13 +52,13 @@ def test_each_app_sends_on_its_own_redis_with_its_own_run_limit(redis_url, tmp_p
     for url in urls:
         redis.Redis.from_url(url).flushdb()
     apps = [create_app({"TESTING": True, "REDIS_URL": url, "ARTIFACTS_DIR": str(tmp_path), "MAX_RUN_S": run_s})
-            for url, run_s in zip(urls, (100, 250))]
+            for url, run_s in zip(urls, (100, 250), strict=True)]
     try:
-        for app, job_id in zip(apps, ("job_first", "job_second")):
+        for app, job_id in zip(apps, ("job_first", "job_second"), strict=True):
             with app.app_context():
                 enqueue_render(job_id)
                 enqueue_render(job_id)
-        for url, job_id in zip(urls, ("job_first", "job_second")):
+        for url, job_id in zip(urls, ("job_first", "job_second"), strict=True):
             messages = _render_messages(url)
             assert len(messages) == 2
             for message in messages:
