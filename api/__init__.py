@@ -36,16 +36,16 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         app.config.update(config)
     app.json.sort_keys = False  # type: ignore[attr-defined]  # keep fields in model order
 
-    from h3batch.api import (  # noqa: PLC0415  # noqa: PLC0415
+    from h3batch.api import (  # noqa: PLC0415
         auth,
         errors,
-        events,
         health,
         jobs,
         openai_videos,
         openapi,
         ratelimit,
         request_guard,
+        stream_slots,
         sweeps,
         web,
     )
@@ -55,7 +55,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     auth.init_auth(app)
     ratelimit.init_rate_limit(app)  # after auth: limits are per API key
     request_guard.init_request_guard(app)
-    events.init_events(app)  # after auth: only an authenticated event stream takes a stream slot
+    stream_slots.init_stream_slots(app)  # after auth: only an authenticated event stream takes a stream slot
     app.after_request(_finish_request)
     app.register_blueprint(health.bp)
     app.register_blueprint(jobs.bp)

@@ -1,9 +1,13 @@
 """Send a render message for a job id (the only thing a message carries: prompts never reach the broker).
 
-The Celery app is built on first use per Flask app and sends by task name, so the API never imports h3batch.worker.tasks
+The sender is the core's Celery app (core/celery_app.make_celery, the same JSON-only, visibility-timeout settings the
+worker consumes with) made on first use per Flask app, from that app's `REDIS_URL` and `MAX_RUN_S`; importing this
+module builds nothing and reads no environment. It sends by task name, so the API never imports h3batch.worker.tasks
 (or torch).
 """
 from __future__ import annotations
+
+import threading
 
 from celery import Celery
 from flask import current_app
@@ -12,17 +16,21 @@ from h3batch.core import defaults
 from h3batch.core.celery_app import make_celery
 
 _EXTENSION_KEY = "h3batch.celery"
+_create_lock = threading.Lock()
 
 
-def _celery() -> Celery:
+def _sender() -> Celery:
     app = current_app._get_current_object()  # type: ignore[attr-defined]
-    celery = app.extensions.get(_EXTENSION_KEY)
-    if celery is None:
-        celery = make_celery(app.config["REDIS_URL"], max_run_s=app.config["MAX_RUN_S"])
-        app.extensions[_EXTENSION_KEY] = celery
-    return celery
+    sender = app.extensions.get(_EXTENSION_KEY)
+    if sender is None:
+        with _create_lock:  # gunicorn threads share the app: one sender (and one connection pool) per app
+            sender = app.extensions.get(_EXTENSION_KEY)
+            if sender is None:
+                sender = make_celery(app.config["REDIS_URL"], max_run_s=int(app.config["MAX_RUN_S"]))
+                app.extensions[_EXTENSION_KEY] = sender
+    return sender
 
 
 def enqueue_render(job_id: str) -> None:
     """Publish one `h3batch.render(job_id)` message on the render queue."""
-    _celery().send_task(defaults.RENDER_TASK, args=[job_id], queue=defaults.RENDER_QUEUE)
+    _sender().send_task(defaults.RENDER_TASK, args=[job_id], queue=defaults.RENDER_QUEUE)

@@ -1,7 +1,8 @@
 """GET /openapi.json: an OpenAPI 3.1 document whose schemas are generated from api/schemas.py's pydantic models.
 
-Paths are written out here (they are few and each lists every status code the view can return); the blueprint of
-/sweeps may add its own by exposing `OPENAPI_PATHS` (a dict of path -> path item).
+Paths are written out here (they are few and each lists every status code the view can return): /jobs and the
+health routes, then the OpenAI-compatible /v1/videos; the blueprint of /sweeps may add its own by exposing
+`OPENAPI_PATHS` (a dict of path -> path item).
 """
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from typing import Any
 from flask import Blueprint, current_app, jsonify
 from pydantic.json_schema import models_json_schema
 
-from h3batch.api import schemas
+from h3batch.api import media, schemas
+from h3batch.api.openai_protocol import DEFAULT_MODEL_ID, VideoObject
+from h3batch.core import defaults
+from h3batch.core.geometry import FPS
 
 bp = Blueprint("openapi", __name__)
 
@@ -113,6 +117,65 @@ def _paths() -> dict[str, Any]:
     }
 
 
+def _openai_paths() -> dict[str, Any]:
+    """/v1/videos (api/openai_videos.py): the OpenAI-compatible view; its video object schema is inlined."""
+    def error(description: str) -> dict[str, Any]:
+        return _json("ErrorBody", description)
+
+    video = {"description": "A video object", "content": {"application/json": {"schema":
+                                                                               VideoObject.model_json_schema()}}}
+    video_id = {"name": "video_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    create_fields = {"type": "object", "required": ["prompt"], "properties": {
+        "prompt": {"type": "string"}, "model": {"type": "string", "enum": [DEFAULT_MODEL_ID]},
+        "seconds": {"type": "string", "description": "4..15, decimal string"},
+        "size": {"type": ["string", "null"], "pattern": "^[0-9]+x[0-9]+$"}, "seed": {"type": "integer", "minimum": 0},
+        "num_inference_steps": {"type": "integer", "enum": [8]}, "guidance_scale": {"type": ["number", "null"]},
+        "flow_shift": {"type": ["number", "null"]}, "width": {"type": ["integer", "null"]},
+        "height": {"type": ["integer", "null"]}, "num_frames": {"type": ["integer", "null"]},
+        "fps": {"type": "integer", "enum": [FPS]}, "user": {"type": ["string", "null"]},
+        "webhook_url": {"type": "string", "format": "uri"}, "release": {"type": "string"}}}
+    common = {"401": error("Missing or bad API key"), "429": error("Over the key's rate limit"),
+              "503": error("Redis or queue full")}
+    return {
+        "/v1/videos": {
+            "post": {"operationId": "createVideo", "summary": "OpenAI-compatible create (JSON or multipart)",
+                     "requestBody": {"required": True, "content": {"application/json": {"schema": create_fields},
+                                                                   "multipart/form-data": {"schema": create_fields}}},
+                     "responses": {"202": video, "400": error("Unsupported field, model, size or duration"),
+                                   "409": error("Idempotency-Key in use"),
+                                   "422": error("webhook_url refused or Idempotency-Key reused"), **common}},
+            "get": {"operationId": "listVideos", "summary": "OpenAI-compatible list",
+                    "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,
+                                                                               "maximum": defaults.LIST_MAX_LIMIT}},
+                                   {"name": "after", "in": "query", "schema": {"type": "string"}},
+                                   {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"]}}],
+                    "responses": {"200": {"description": "{object: list, data, first_id, last_id, has_more}",
+                                          "content": {"application/json": {"schema": {"type": "object"}}}},
+                                  "400": error("Bad limit, order or cursor"), **common}},
+        },
+        "/v1/videos/{video_id}": {
+            "get": {"operationId": "retrieveVideo", "parameters": [video_id],
+                    "responses": {"200": video, "404": error("No such video"), **common}},
+            "delete": {"operationId": "deleteVideo", "parameters": [video_id],
+                       "responses": {"200": {"description": "{id, object: video.deleted, deleted: true}",
+                                             "content": {"application/json": {"schema": {"type": "object"}}}},
+                                     "404": error("No such video"), **common}},
+        },
+        "/v1/videos/{video_id}/content": {
+            "get": {"operationId": "downloadVideoContent", "parameters": [
+                        video_id, {"name": "variant", "in": "query", "schema": {"enum": list(media.VARIANTS)}}],
+                    "responses": {"200": {"description": "MP4, PNG thumbnail or AAC .m4a", "content": {
+                                      "video/mp4": {"schema": {"type": "string", "format": "binary"}},
+                                      "image/png": {"schema": {"type": "string", "format": "binary"}},
+                                      "audio/mp4": {"schema": {"type": "string", "format": "binary"}}}},
+                                  "206": {"description": "Byte range"}, "304": {"description": "Not modified"},
+                                  "400": error("Unknown variant"), "404": error("No such video"),
+                                  "409": error("Not completed"), "410": error("Expired"),
+                                  "416": error("Range not satisfiable"), **common}},
+        },
+    }
+
+
 def build_document() -> dict[str, Any]:
     models = [(schemas.CreateJob, "validation"), (schemas.Job, "serialization"), (schemas.JobList, "serialization"),
               (schemas.ErrorBody, "serialization")]
@@ -121,9 +184,7 @@ def build_document() -> dict[str, Any]:
 
     paths = _paths()
     paths.update(getattr(sweeps, "OPENAPI_PATHS", {}))  # optional: the sweeps room documents its own routes
-    from h3batch.api import openai_videos  # noqa: PLC0415
-
-    paths.update(openai_videos.OPENAPI_PATHS)  # /v1/videos (OpenAI-compatible view)
+    paths.update(_openai_paths())
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "h3batch job API", "version": "0.1.0",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from h3batch.core import defaults
@@ -89,6 +89,12 @@ class CreateJob(BaseModel):
                                       {"limit": MAX_CANVAS_PIXELS, "w": self.width, "h": self.height,
                                        "n": self.width * self.height})
         return self
+
+
+def first_error(exc: ValidationError) -> tuple[str, str, str]:
+    """(type, where, message) of the first error pydantic found; `where` is the dotted field path, or "body"."""
+    first = exc.errors(include_url=False)[0]
+    return first["type"], ".".join(str(p) for p in first["loc"]) or "body", first["msg"]
 
 
 class ErrorDetail(BaseModel):

@@ -1,4 +1,5 @@
-"""Keeps `GET /jobs/{id}/events` (server-sent events, api/jobs.py) from starving the API's threads.
+"""Stream slots: keep `GET /jobs/{id}/events` (server-sent events; the route is in api/jobs.py) from starving the
+API's threads.
 
 Under gunicorn's gthread workers (what `h3batch api` runs) every open event stream holds one thread of one worker
 process for as long as the client listens. Two guards, applied around the view without changing it:
@@ -35,7 +36,7 @@ def _env_number(name: str, default: float) -> float:
     return float(raw) if raw else default
 
 
-def init_events(app: Flask) -> None:
+def init_stream_slots(app: Flask) -> None:
     """Install the stream guards (call after auth, so an unauthenticated request never takes a slot)."""
     app.config.setdefault("SSE_MAX_STREAMS", int(_env_number("H3BATCH_SSE_MAX_STREAMS", DEFAULT_MAX_STREAMS)))
     app.config.setdefault("SSE_MAX_S", _env_number("H3BATCH_SSE_MAX_S", DEFAULT_MAX_S))

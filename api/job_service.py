@@ -1,0 +1,212 @@
+"""The job service under both job APIs (/jobs and the OpenAI-compatible /v1/videos): read a caller's job (with lazy
+expiry), create one (idempotent, then enqueue), page through them, cancel, delete, and find a finished job's MP4.
+
+Flask-free (no app or request context): functions over Redis and h3batch.core, given a `Caller` (who asks, the
+app's storage and limits) and the calling API's `Vocabulary`. They raise `ApiError` with the codes each API has
+always answered; the vocabulary holds the codes and wording that differ (/jobs says `job_not_found`, /v1/videos
+`video_not_found`). The views only translate wire formats around these calls; api/job_http.py builds the `Caller`.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from h3batch.api import idempotency
+from h3batch.api.errors import ApiError
+from h3batch.api.schemas import CreateJob
+from h3batch.core import defaults
+from h3batch.core import jobs as store
+from h3batch.core.jobs import FINISHED, BadCursor, JobSpec, JobStatus
+
+log = logging.getLogger("h3batch.api")
+
+NO_RETRY = {"x-should-retry": "false"}
+"""On final 409s: the OpenAI SDK retries every 409 unless told not to."""
+ACTIVE = frozenset({JobStatus.QUEUED.value, JobStatus.IN_PROGRESS.value})
+_FINISHED = frozenset(s.value for s in FINISHED)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What one API calls a job in its errors; `{id}`, `{at}` and `{status}` are filled in."""
+
+    api: str
+    """JobSpec.api of the jobs it creates: "jobs" or "openai"."""
+    noun: str
+    not_found: str
+    not_completed: str
+    not_completed_message: str
+    expired_message: str
+    gone_message: str
+    not_completed_retryable: bool
+    """Whether 409 not-completed is retryable while the job is still queued or running."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """One request's reach into the job store: the caller's owner id, the app's Redis, artifact root and limits,
+    and how to send a render message and vet a webhook URL."""
+
+    r: redis.Redis
+    owner: str
+    artifacts_dir: Path
+    max_queued: int
+    result_ttl_s: int
+    send_render: Callable[[str], None]
+    vet_webhook_url: Callable[[str], object]
+    request_id: str | None = None
+
+
+def get_owned_job(caller: Caller, job_id: str, words: Vocabulary) -> dict[str, Any]:
+    """The caller's job record, expired first if due. 404 `words.not_found` when absent or another key's."""
+    record = store.load_job(caller.r, job_id)
+    if record is None or (record.get("owner") or "") != caller.owner:
+        raise ApiError(404, words.not_found, f"no {words.noun} with id {job_id!r}")
+    return expire_if_due(caller, record)
+
+
+def expire_if_due(caller: Caller, record: dict[str, Any]) -> dict[str, Any]:
+    """A completed job past its expires_at becomes `expired` and its files go (lazily, on first read)."""
+    if record["status"] == JobStatus.COMPLETED.value and (record.get("expires_at") or float("inf")) < time.time():
+        expired = store.transition(caller.r, record["id"], JobStatus.EXPIRED, expect={JobStatus.COMPLETED},
+                                   fields={"artifact": None}, record_ttl_s=defaults.RECORD_GRACE_S)
+        _remove_artifacts(caller, record["id"])
+        return expired or record
+    return record
+
+
+def create_job(caller: Caller, req: CreateJob, words: Vocabulary, idempotency_key: str | None,
+               fingerprint: str) -> tuple[dict[str, Any], bool]:
+    """Queue a render; returns (record, replayed). With an Idempotency-Key, a retry of a create that already made
+    its job replays it (404 `words.not_found` if that job is gone); 409/422 from idempotency.claim."""
+    held = None
+    if idempotency_key is not None:
+        held = idempotency.claim(caller.r, caller.owner, idempotency_key, fingerprint)
+        if held.job_id is not None:
+            record = store.load_job(caller.r, held.job_id)
+            if record is None:
+                raise ApiError(404, words.not_found,
+                               f"the {words.noun} {held.job_id} this Idempotency-Key created is gone")
+            return record, True
+    try:
+        record = _create_and_enqueue(caller, req, words.api)
+    except BaseException:
+        if held is not None:
+            idempotency.release(caller.r, held)
+        raise
+    if held is not None:
+        idempotency.record_job(caller.r, held, record["id"])
+    return record, False
+
+
+def _create_and_enqueue(caller: Caller, req: CreateJob, api: str) -> dict[str, Any]:
+    """Write the queued record, then send its message; a refused message fails the job (never left queued).
+    400/422 webhook_url refused, 503 queue_full or storage_unavailable."""
+    if req.webhook_url is not None:
+        caller.vet_webhook_url(req.webhook_url)  # before anything is written
+    if store.queued_count(caller.r) >= caller.max_queued:
+        raise ApiError(503, "queue_full", f"{caller.max_queued} jobs are queued; retry later", True,
+                       {"Retry-After": str(defaults.QUEUE_FULL_RETRY_AFTER_S)})
+    spec = JobSpec(prompt=req.prompt, seconds=float(req.seconds), width=req.width, height=req.height,
+                   seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
+                   owner=caller.owner, webhook_url=req.webhook_url, api=api)
+    record = store.create_job(caller.r, spec)
+    try:
+        caller.send_render(record["id"])
+    except Exception as exc:  # noqa: BLE001  # broker refused the message: the job must not sit queued forever
+        store.transition(caller.r, record["id"], JobStatus.FAILED, expect={JobStatus.QUEUED},
+                         fields={"error": {"code": "enqueue_failed", "message": "the job could not be queued",
+                                           "retryable": True, "stage": "queued"}},
+                         record_ttl_s=caller.result_ttl_s)
+        log.error("enqueue failed error=%s", type(exc).__name__, extra={"job_id": record["id"]})
+        raise ApiError(503, "storage_unavailable", "the job queue is unavailable; retry later", True,
+                       {"Retry-After": "5"}) from None
+    log.info("job created seconds=%s size=%dx%d seed=%d", spec.seconds, spec.width, spec.height, spec.seed,
+             extra={"job_id": record["id"], "request_id": caller.request_id})
+    return record
+
+
+def page_limit(text: str, *, digits_only: bool = False) -> int:
+    """A list's `limit`, 1..LIST_MAX_LIMIT. /v1/videos takes plain digits only; /jobs whatever int() reads."""
+    try:
+        limit = int(text) if text.isdigit() or not digits_only else -1
+    except ValueError:
+        limit = -1
+    if not 1 <= limit <= defaults.LIST_MAX_LIMIT:
+        raise ApiError(400, "invalid_request", f"limit: expected an integer 1..{defaults.LIST_MAX_LIMIT}, "
+                                               f"found {text!r}")
+    return limit
+
+
+def list_page(caller: Caller, words: Vocabulary, render: Callable[[dict[str, Any], int | None], dict[str, Any]], *,
+              limit: int, after: str | None, order: str, status: str | None = None) -> dict[str, Any]:
+    """One page of the caller's jobs, each shown by `render(record, queue_position)`, as
+    {object: "list", data, first_id, last_id, has_more}. 400 invalid_request (order, status), invalid_cursor."""
+    if order not in ("asc", "desc"):
+        raise ApiError(400, "invalid_request", f"order: expected 'asc' or 'desc', found {order!r}")
+    try:
+        status_filter = JobStatus(status) if status is not None else None
+    except ValueError:
+        raise ApiError(400, "invalid_request", f"status: expected one of {[s.value for s in JobStatus]}, "
+                                               f"found {status!r}") from None
+    if after is not None:
+        cursor = store.load_job(caller.r, after)
+        if cursor is None or (cursor.get("owner") or "") != caller.owner:
+            raise ApiError(400, "invalid_cursor", f"after: expected the id of one of your {words.noun}s, "
+                                                  f"found {after!r}")
+    try:
+        records, has_more = store.list_jobs(caller.r, limit=limit, after=after, order=order, status=status_filter,
+                                            owner=caller.owner)
+    except BadCursor as exc:
+        raise ApiError(400, "invalid_cursor", str(exc)) from None
+    data = [render(record, store.queue_position(caller.r, record["id"])) for record in records]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+
+
+def cancel(caller: Caller, job_id: str, words: Vocabulary) -> dict[str, Any]:
+    """Queued → cancelled now; running → stops at the next step boundary. 404; 409 job_already_terminal."""
+    record = get_owned_job(caller, job_id, words)
+    if record["status"] in _FINISHED:
+        raise ApiError(409, "job_already_terminal", f"{words.noun} {job_id} is already {record['status']}", False,
+                       NO_RETRY)
+    updated = store.request_cancel(caller.r, job_id, record_ttl_s=caller.result_ttl_s)
+    if updated is None:
+        raise ApiError(404, words.not_found, f"no {words.noun} with id {job_id!r}")
+    log.info("cancel requested status=%s", updated["status"], extra={"job_id": job_id})
+    return updated
+
+
+def delete(caller: Caller, job_id: str, words: Vocabulary) -> None:
+    """Abort if active, then remove the record and its files. 404."""
+    get_owned_job(caller, job_id, words)
+    store.delete_job(caller.r, job_id)  # a running worker sees the record gone at its next step and stops
+    _remove_artifacts(caller, job_id)
+    log.info("%s deleted", words.noun, extra={"job_id": job_id})
+
+
+def content_path(caller: Caller, job_id: str, words: Vocabulary) -> tuple[dict[str, Any], Path]:
+    """(record, MP4 path) of the caller's completed job. 404; 409 `words.not_completed`; 410 artifact_expired."""
+    record = get_owned_job(caller, job_id, words)
+    status = record["status"]
+    if status == JobStatus.EXPIRED.value:
+        raise ApiError(410, "artifact_expired", words.expired_message.format(id=job_id, at=record.get("expires_at")))
+    if status != JobStatus.COMPLETED.value:
+        raise ApiError(409, words.not_completed, words.not_completed_message.format(id=job_id, status=status),
+                       words.not_completed_retryable and status in ACTIVE, NO_RETRY)
+    root = caller.artifacts_dir.resolve()
+    path = (root / (record.get("artifact") or "")).resolve()
+    if root not in path.parents or not path.is_file():
+        raise ApiError(410, "artifact_expired", words.gone_message.format(id=job_id))
+    return record, path
+
+
+def _remove_artifacts(caller: Caller, job_id: str) -> None:
+    shutil.rmtree(caller.artifacts_dir / job_id, ignore_errors=True)

@@ -1,0 +1,282 @@
+"""The OpenAI Videos wire format of `/v1/videos` (routes in api/openai_videos.py): create-body parsing, the `video`
+object, and the codes and wording of its errors. Needs no Flask app or request.
+
+A video id IS a job id, so `/v1/videos/{id}` and `/jobs/{id}` show one record two ways. Statuses collapse to
+OpenAI's four (cancelled → `failed` with `error.code:"cancelled"`; expired → `completed` with a past `expires_at`),
+`progress` is an integer 0..100 (100 only when completed), times are integer Unix seconds, and h3batch's own fields
+(stage, seed, num_frames, stage_durations, metadata, ...) sit beside OpenAI's, never renamed.
+
+Create accepts JSON and multipart/form-data (the `openai` SDK always sends multipart, every value a text part, so
+values are coerced here). Fields: OpenAI's `prompt`, `model`, `seconds`, `size`, `user`; vLLM-Omni's extras that map
+to T2VA (`width`, `height`, `num_frames`, `fps`, `seed`, `num_inference_steps`, `guidance_scale`, `flow_shift`,
+... checked with the V2 sampler rules); h3batch's `webhook_url` and `release`. Conditioning and editing inputs
+(`input_reference`, `negative_prompt`, ...) and any other field get 400 `unsupported_parameter`.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from h3batch.api.errors import ApiError
+from h3batch.api.job_service import Vocabulary
+from h3batch.api.schemas import CreateJob, first_error
+from h3batch.core import defaults, request_rules
+from h3batch.core.geometry import FPS, GeometryError, RequestGeometry
+from h3batch.core.jobs import FINISHED, JobStatus
+
+DEFAULT_MODEL_ID = "FastVideo/FastVideo-FastH3-8-Step-V2"
+"""The model id /v1 serves by default (`model` omitted or equal to it); api/openai_videos.py `model_id` says which."""
+POLL_AFTER_MS = "1000"
+"""`openai-poll-after-ms` on queued / in-progress replies: how long the SDK's `poll` sleeps between retrieves."""
+MAX_EXTRA_PARAMS_BYTES = 16 * 1024
+
+_REFERENCE_FIELDS = ("input_reference", "image_reference", "video_reference", "audio_reference", "control_reference",
+                     "control_type", "source_video", "source_audio", "video_noise_mask", "audio_noise_mask",
+                     "character_ids", "remix_video_id")
+"""Conditioning / editing inputs: h3batch is text-to-video+audio only."""
+_NO_CFG_FIELDS = ("guidance_scale_2", "true_cfg_scale")
+_UNSUPPORTED = {
+    "negative_prompt": "FastH3 V2 runs without CFG, so a negative prompt would have no effect",
+    "boundary_ratio": "FastH3 V2 has a single expert; boundary_ratio applies to two-expert models",
+    "sound_duration": "the audio always spans the video; set `seconds` instead",
+    "lora": "FastH3 V2 does not support per-request LoRA",
+    "video_params": "send width, height, num_frames and fps as top-level fields",
+}
+_SAMPLER_INTS = ("num_inference_steps",)
+_INT_FIELDS = ("seed", "width", "height", "num_frames", "fps")
+_ACCEPTED = ("prompt", "model", "seconds", "size", "user", "width", "height", "num_frames", "fps", "seed",
+             "num_inference_steps", "guidance_scale", "flow_shift", "audio_flow_shift", "generate_sound",
+             "extra_params", "webhook_url", "release", *_NO_CFG_FIELDS)
+
+
+def _bad(field: str, message: str, code: str = "invalid_request") -> ApiError:
+    return ApiError(400, code, f"{field}: {message}")
+
+
+# --- request parsing ---
+
+def _as_int(field: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise _bad(field, f"expected an integer, found {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("+").isdigit():
+        return int(value.strip())
+    raise _bad(field, f"expected an integer, found {value!r}")
+
+
+def _as_seconds(value: Any) -> float:
+    """OpenAI sends seconds as a decimal string ("4"); numbers are accepted too."""
+    if isinstance(value, bool):
+        raise ApiError(400, "unsupported_duration", f"seconds: expected a decimal string like \"4\", found {value!r}")
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ApiError(400, "unsupported_duration", f"seconds: expected a decimal string like \"4\", "
+                                                    f"found {value!r}") from None
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise ApiError(400, "unsupported_duration", f"seconds: expected a finite number, found {value!r}")
+    return seconds
+
+
+def _as_size(value: Any) -> tuple[int, int]:
+    if not isinstance(value, str) or value.lower().count("x") != 1:
+        raise ApiError(400, "unsupported_size", f"size: expected \"<width>x<height>\" like \"256x128\", "
+                                                f"found {value!r}")
+    width, height = value.lower().split("x")
+    if not (width.strip().isdigit() and height.strip().isdigit()):
+        raise ApiError(400, "unsupported_size", f"size: expected \"<width>x<height>\" like \"256x128\", "
+                                                f"found {value!r}")
+    return int(width), int(height)
+
+
+def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]:
+    """Validate a /v1/videos create body for a server serving `served_model`; returns CreateJob's fields. Raises
+    ApiError (400) naming the field."""
+    for name in fields:
+        if name in _REFERENCE_FIELDS:
+            raise _bad(name, "conditioning and editing inputs are not supported: h3batch is text-to-video+audio only",
+                       "unsupported_parameter")
+        if name in _UNSUPPORTED and fields[name] not in (None, ""):
+            raise _bad(name, _UNSUPPORTED[name], "unsupported_parameter")
+        if name not in _ACCEPTED and name not in _UNSUPPORTED:
+            raise _bad(name, f"unknown field (accepted: {', '.join(_ACCEPTED)})", "unsupported_parameter")
+    model = fields.get("model")
+    if model not in (None, "") and model != served_model:
+        raise ApiError(400, "model_not_found", f"model: this server serves {served_model!r}, found {model!r}")
+    if "prompt" not in fields:
+        raise _bad("prompt", "required (the text to render)")
+
+    width, height = defaults.DEFAULT_WIDTH, defaults.DEFAULT_HEIGHT
+    if fields.get("size") not in (None, ""):
+        width, height = _as_size(fields["size"])
+    ints = {name: _as_int(name, fields[name]) for name in _INT_FIELDS if fields.get(name) not in (None, "")}
+    for name, from_size in (("width", width), ("height", height)):
+        if name in ints and fields.get("size") not in (None, "") and ints[name] != from_size:
+            raise ApiError(400, "unsupported_size", f"{name}: {ints[name]} contradicts size {fields['size']!r}")
+    width, height = ints.get("width", width), ints.get("height", height)
+    if ints.get("fps", FPS) != FPS:
+        raise _bad("fps", f"FastH3 V2 renders at {FPS} fps only, found {ints['fps']}", "unsupported_parameter")
+
+    seconds = _as_seconds(fields["seconds"]) if fields.get("seconds") not in (None, "") else None
+    if "num_frames" in ints:
+        if seconds is None:
+            seconds = ints["num_frames"] / FPS
+        else:
+            try:
+                resolved = RequestGeometry(width, height, seconds).num_frames
+            except GeometryError:
+                resolved = None  # the duration error below names the real problem
+            if resolved is not None and ints["num_frames"] not in (resolved, round(seconds * FPS)):
+                raise ApiError(400, "unsupported_duration", f"num_frames: {ints['num_frames']} contradicts seconds "
+                                                            f"{fields['seconds']!r} ({resolved} frames)")
+    if seconds is None:
+        seconds = defaults.DEFAULT_SECONDS
+
+    sampler: dict[str, Any] = {}
+    for name in ("num_inference_steps", "guidance_scale", "flow_shift", "audio_flow_shift"):
+        value = fields.get(name)
+        if value in (None, ""):
+            continue
+        sampler[name] = _as_int(name, value) if name in _SAMPLER_INTS else value
+    try:
+        request_rules.check_sampler_fields(sampler)
+    except request_rules.RequestRuleError as exc:
+        raise _bad(exc.field, str(exc), "unsupported_parameter") from None
+    for name in _NO_CFG_FIELDS:
+        value = fields.get(name)
+        if value not in (None, "") and not request_rules._is_close_number(value, 1.0):
+            raise _bad(name, f"FastH3 V2 runs without CFG: {name}=1 only, got {value!r}", "unsupported_parameter")
+    sound = fields.get("generate_sound")
+    if sound not in (None, "") and str(sound).strip().lower() not in ("true", "1", "yes"):
+        raise _bad("generate_sound", "every h3batch clip has stereo sound (T2VA); false is not supported",
+                   "unsupported_parameter")
+    _check_extra_params(fields.get("extra_params"))
+    return {"prompt": fields["prompt"], "seconds": seconds, "width": width, "height": height,
+            "seed": ints.get("seed"), "release": fields.get("release") or None,
+            "webhook_url": fields.get("webhook_url") or None}
+
+
+def _check_extra_params(raw: Any) -> None:
+    """vLLM-Omni's `extra_params` (a JSON object, ≤ 16 KiB): only `task: "t2va"` means anything here."""
+    if raw in (None, ""):
+        return
+    text = raw if isinstance(raw, str) else json.dumps(raw)
+    if len(text.encode()) > MAX_EXTRA_PARAMS_BYTES:
+        raise _bad("extra_params", f"expected at most {MAX_EXTRA_PARAMS_BYTES} bytes of JSON, found "
+                                   f"{len(text.encode())}")
+    try:
+        params = json.loads(text) if isinstance(raw, str) else raw
+    except json.JSONDecodeError:
+        raise _bad("extra_params", "expected a JSON object string") from None
+    if not isinstance(params, dict):
+        raise _bad("extra_params", f"expected a JSON object, found {type(params).__name__}")
+    for name, value in params.items():
+        if name == "task" and value in ("t2va", "t2v"):
+            continue
+        raise _bad(f"extra_params.{name}", "not supported (only task=\"t2va\")", "unsupported_parameter")
+
+
+_OWN_MESSAGES = ("unsupported_size", "unsupported_duration", "empty_prompt", "prompt_too_long")
+"""Validation errors whose message already names the field."""
+
+
+def validated(fields: dict[str, Any], max_prompt_chars: int) -> CreateJob:
+    """parse_create's fields as CreateJob. 400 unsupported_size / unsupported_duration / invalid_request."""
+    try:
+        return CreateJob.model_validate(fields, context={"max_prompt_chars": max_prompt_chars})
+    except ValidationError as exc:
+        kind, where, message = first_error(exc)
+        code = kind if kind in ("unsupported_size", "unsupported_duration") else "invalid_request"
+        raise ApiError(400, code, message if kind in _OWN_MESSAGES else f"{where}: {message}") from None
+
+
+# --- the video object ---
+
+class VideoObject(BaseModel):
+    """OpenAI's `video` object plus h3batch's fields (the response model; /openapi.json shows its schema)."""
+
+    id: str
+    object: Literal["video"] = "video"
+    model: str
+    status: Literal["queued", "in_progress", "completed", "failed"]
+    progress: int = Field(ge=0, le=100, description="0..100; 100 only when completed.")
+    created_at: int
+    completed_at: int | None = None
+    expires_at: int | None = None
+    prompt: str | None = None
+    seconds: str = Field(description="Clip length as a decimal string, e.g. \"4\".")
+    size: str = Field(description="\"<width>x<height>\".")
+    remixed_from_video_id: None = None
+    error: dict[str, Any] | None = Field(None, description="{code, message}; code `cancelled` for a cancelled job.")
+    stage: str | None = None
+    queue_position: int | None = None
+    attempt: int = 0
+    started_at: float | None = None
+    seed: int | None = None
+    num_frames: int | None = None
+    fps: int = FPS
+    inference_time_s: float | None = None
+    stage_durations: dict[str, float] | None = None
+    worker: str | None = None
+    cancel_reason: str | None = None
+    release_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    webhook_url: str | None = None
+    webhook_deliveries: list[dict[str, Any]] | None = None
+    h3batch_status: str = Field(description="The native status (adds cancelled, expired).")
+
+
+def _int_time(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def video_object(record: dict[str, Any], position: int | None, model: str) -> dict[str, Any]:
+    """A job record as an OpenAI `video` object of `model`, plus h3batch's fields."""
+    status = record["status"]
+    error = record.get("error")
+    openai_status = {"cancelled": "failed", "expired": "completed"}.get(status, status)
+    if status == JobStatus.CANCELLED.value:
+        reason = record.get("cancel_reason") or "user"
+        error = {"code": "cancelled", "message": f"cancelled ({reason}) at stage "
+                                                 f"{record.get('cancelled_at_stage') or record.get('stage')}"}
+    elif error:
+        error = {"code": error.get("code"), "message": error.get("message")}
+    progress = 100 if openai_status == "completed" else min(99, int((record.get("progress") or 0.0) * 100))
+    finished = status in {s.value for s in FINISHED}
+    timings = record.get("timings")
+    meta = record.get("metadata") or {}
+    try:
+        num_frames = RequestGeometry(record["width"], record["height"], record["seconds"]).num_frames
+    except GeometryError:
+        num_frames = record.get("frames")
+    return VideoObject(**{
+        "id": record["id"], "object": "video", "model": model, "status": openai_status, "progress": progress,
+        "created_at": _int_time(record["created_at"]),
+        "completed_at": _int_time(record.get("finished_at")) if finished else None,
+        "expires_at": _int_time(record.get("expires_at")), "prompt": record.get("prompt"),
+        "seconds": f"{record['seconds']:g}", "size": f"{record['width']}x{record['height']}",
+        "remixed_from_video_id": None, "error": error,
+        # h3batch extensions (as vLLM-Omni does: added beside OpenAI's fields, never renamed)
+        "stage": record.get("stage"), "queue_position": position if status == "queued" else None,
+        "attempt": record.get("attempt") or 0, "started_at": record.get("started_at"), "seed": record.get("seed"),
+        "num_frames": record.get("frames") or num_frames, "fps": FPS,
+        "inference_time_s": None if not timings else round(sum(timings.values()), 6),
+        "stage_durations": timings, "worker": record.get("worker"), "cancel_reason": record.get("cancel_reason"),
+        "release_id": record.get("release_id") or meta.get("release_id"), "metadata": record.get("metadata"),
+        "webhook_url": record.get("webhook_url"), "webhook_deliveries": record.get("webhook_deliveries"),
+        "h3batch_status": status,
+    }).model_dump(mode="json")
+
+
+VIDEOS = Vocabulary(
+    api="openai", noun="video", not_found="video_not_found", not_completed="video_not_completed",
+    not_completed_message="video {id} is {status}; its content exists only once it is completed",
+    expired_message="video {id} expired at {at}", gone_message="video {id}'s files are no longer stored",
+    not_completed_retryable=False)
+"""/v1/videos' codes and wording for the job service's errors."""

@@ -1,0 +1,155 @@
+"""api/job_service.py without Flask: ownership and lazy expiry, idempotent create and a refused enqueue, paging
+cursors, and where a finished job's MP4 may be read, over a real Redis database."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from h3batch.api import job_service
+from h3batch.api.enqueue import make_sender
+from h3batch.api.errors import ApiError
+from h3batch.api.jobs import JOBS
+from h3batch.api.openai_protocol import VIDEOS
+from h3batch.api.schemas import CreateJob
+from h3batch.core import defaults, keys
+from h3batch.core.jobs import JobStatus, load_job, transition
+
+
+@pytest.fixture
+def r(redis_url):
+    client = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/9", decode_responses=True)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+def make_caller(r: redis.Redis, tmp_path: Path, owner: str = "owner-a", send=None) -> job_service.Caller:
+    url = f"redis://127.0.0.1:{r.connection_pool.connection_kwargs['port']}/9"
+    sender = make_sender(url, 60)
+
+    def send_render(job_id: str) -> None:
+        sender.send_task(defaults.RENDER_TASK, args=[job_id], queue=defaults.RENDER_QUEUE)
+
+    return job_service.Caller(r=r, owner=owner, artifacts_dir=tmp_path, max_queued=10, result_ttl_s=600,
+                              send_render=send or send_render, vet_webhook_url=lambda url: url)
+
+
+def complete(r: redis.Redis, root: Path, job_id: str, *, expires_at: float, artifact: str | None = None) -> None:
+    """Drive a queued job to completed with an MP4 under root/<id>/ (what a worker would leave)."""
+    (root / job_id).mkdir()
+    (root / job_id / "video.mp4").write_bytes(b"mp4")
+    transition(r, job_id, JobStatus.IN_PROGRESS, expect={JobStatus.QUEUED})
+    transition(r, job_id, JobStatus.COMPLETED, fields={"artifact": artifact or f"{job_id}/video.mp4",
+                                                       "expires_at": expires_at})
+
+
+def test_another_owners_job_is_404_in_each_apis_words(r, tmp_path):
+    """A job is invisible to another owner: /jobs' vocabulary answers job_not_found, /v1/videos' video_not_found."""
+    record, _ = job_service.create_job(make_caller(r, tmp_path), CreateJob(prompt="a"), JOBS, None, "")
+    stranger = make_caller(r, tmp_path, owner="owner-b")
+    for words, code in ((JOBS, "job_not_found"), (VIDEOS, "video_not_found")):
+        with pytest.raises(ApiError) as caught:
+            job_service.get_owned_job(stranger, record["id"], words)
+        assert (caught.value.status, caught.value.code) == (404, code)
+        assert caught.value.message == f"no {words.noun} with id {record['id']!r}"
+
+
+def test_create_sends_one_message_and_an_idempotent_retry_replays_the_job(r, tmp_path):
+    """A create writes a queued record and one render message; the same key and fingerprint replays that job."""
+    caller = make_caller(r, tmp_path)
+    first, replayed = job_service.create_job(caller, CreateJob(prompt="a", seed=3), VIDEOS, "k1", "fp")
+    again, replayed_again = job_service.create_job(caller, CreateJob(prompt="a", seed=3), VIDEOS, "k1", "fp")
+    assert (replayed, replayed_again) == (False, True) and again["id"] == first["id"]
+    assert first["status"] == "queued" and first["api"] == "openai" and first["owner"] == "owner-a"
+    assert r.llen(defaults.RENDER_QUEUE) == 1
+    with pytest.raises(ApiError) as caught:
+        job_service.create_job(caller, CreateJob(prompt="b"), VIDEOS, "k1", "other-fp")
+    assert (caught.value.status, caught.value.code) == (422, "idempotency_key_reused")
+
+
+def test_a_refused_message_fails_the_job_and_frees_the_key(r, tmp_path):
+    """When the broker refuses the render message the job is failed (enqueue_failed), the caller gets 503
+    storage_unavailable, and the Idempotency-Key can be used again."""
+    def refuse(job_id: str) -> None:
+        raise ConnectionError("broker down")
+
+    with pytest.raises(ApiError) as caught:
+        job_service.create_job(make_caller(r, tmp_path, send=refuse), CreateJob(prompt="a"), JOBS, "k2", "fp")
+    assert (caught.value.status, caught.value.code, caught.value.retryable) == (503, "storage_unavailable", True)
+    [failed_id] = r.zrange(keys.JOBS_INDEX, 0, -1)
+    assert load_job(r, failed_id)["error"]["code"] == "enqueue_failed"
+    record, replayed = job_service.create_job(make_caller(r, tmp_path), CreateJob(prompt="a"), JOBS, "k2", "fp")
+    assert not replayed and record["id"] != failed_id
+
+
+def test_a_completed_job_past_expiry_expires_on_read_and_loses_its_files(r, tmp_path):
+    """Reading a completed job whose expires_at passed turns it expired, deletes its directory, and its content
+    is then 410 artifact_expired."""
+    caller = make_caller(r, tmp_path)
+    record, _ = job_service.create_job(caller, CreateJob(prompt="a"), JOBS, None, "")
+    complete(r, tmp_path, record["id"], expires_at=time.time() - 1)
+    assert job_service.get_owned_job(caller, record["id"], JOBS)["status"] == "expired"
+    assert not (tmp_path / record["id"]).exists()
+    with pytest.raises(ApiError) as caught:
+        job_service.content_path(caller, record["id"], JOBS)
+    assert (caught.value.status, caught.value.code) == (410, "artifact_expired")
+
+
+def test_content_path_refuses_unfinished_jobs_and_paths_outside_the_artifact_root(r, tmp_path):
+    """An unfinished job's content is 409 (retryable for /jobs, final for /v1/videos); an artifact path that
+    leaves the artifact root is 410; a completed job inside it gives its MP4."""
+    caller = make_caller(r, tmp_path)
+    queued, _ = job_service.create_job(caller, CreateJob(prompt="a"), JOBS, None, "")
+    for words, code, retryable in ((JOBS, "job_not_completed", True), (VIDEOS, "video_not_completed", False)):
+        with pytest.raises(ApiError) as caught:
+            job_service.content_path(caller, queued["id"], words)
+        assert (caught.value.status, caught.value.code, caught.value.retryable) == (409, code, retryable)
+        assert caught.value.headers == {"x-should-retry": "false"}
+    escaping, _ = job_service.create_job(caller, CreateJob(prompt="b"), JOBS, None, "")
+    complete(r, tmp_path, escaping["id"], expires_at=time.time() + 60, artifact="../outside.mp4")
+    with pytest.raises(ApiError) as caught:
+        job_service.content_path(caller, escaping["id"], VIDEOS)
+    assert (caught.value.status, caught.value.code) == (410, "artifact_expired")
+    complete(r, tmp_path, queued["id"], expires_at=time.time() + 60)
+    _, path = job_service.content_path(caller, queued["id"], JOBS)
+    assert path == (tmp_path / queued["id"] / "video.mp4").resolve()
+
+
+def test_list_page_refuses_another_owners_cursor_and_pages_without_overlap(r, tmp_path):
+    """Pages of two follow on from last_id without overlap; a cursor that is not the caller's is 400
+    invalid_cursor, and a bad order or status is 400 invalid_request."""
+    mine = make_caller(r, tmp_path)
+    made = [job_service.create_job(mine, CreateJob(prompt=str(i)), JOBS, None, "")[0]["id"] for i in range(3)]
+    theirs, _ = job_service.create_job(make_caller(r, tmp_path, owner="owner-b"), CreateJob(prompt="x"), JOBS,
+                                       None, "")
+
+    def render(record, position):
+        return {"id": record["id"], "position": position}
+
+    first = job_service.list_page(mine, JOBS, render, limit=2, after=None, order="asc")
+    second = job_service.list_page(mine, JOBS, render, limit=2, after=first["last_id"], order="asc")
+    assert [d["id"] for d in first["data"] + second["data"]] == made
+    assert first["has_more"] and not second["has_more"] and [d["position"] for d in first["data"]] == [1, 2]
+    for kwargs, code in (({"after": theirs["id"]}, "invalid_cursor"), ({"order": "up"}, "invalid_request"),
+                         ({"status": "done"}, "invalid_request")):
+        with pytest.raises(ApiError) as caught:
+            job_service.list_page(mine, JOBS, render, **{"limit": 2, "after": None, "order": "asc", **kwargs})
+        assert (caught.value.status, caught.value.code) == (400, code)
+
+
+@pytest.mark.parametrize(("text", "digits_only", "expected"), [("5", True, 5), (" 5", False, 5), (" 5", True, None),
+                                                               ("0", False, None), ("101", True, None),
+                                                               ("²", True, None), ("x", False, None)])
+def test_page_limit_reads_1_to_100(text, digits_only, expected):
+    """`limit` is 1..100; /v1/videos (digits_only) refuses what only int() would read; anything else is 400."""
+    if expected is not None:
+        assert job_service.page_limit(text, digits_only=digits_only) == expected
+        return
+    with pytest.raises(ApiError) as caught:
+        job_service.page_limit(text, digits_only=digits_only)
+    assert (caught.value.status, caught.value.code) == (400, "invalid_request")
+    assert caught.value.message == f"limit: expected an integer 1..100, found {text!r}"
