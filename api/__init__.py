@@ -17,7 +17,12 @@ _REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
-    """Build the API: defaults from H3BATCH_* env vars, overlaid by `config` (tests), then the blueprints."""
+    """Build the API: defaults from the one Settings (H3BATCH_* env vars, read here once), overlaid by `config`
+    (tests), then the blueprints. Every module reads its knobs from `app.config`, never from the environment."""
+    from h3batch.api.ratelimit import RateLimits  # noqa: PLC0415
+    from h3batch.core import defaults  # noqa: PLC0415
+    from h3batch.core.webhook_urls import WebhookSettings  # noqa: PLC0415
+
     app = Flask(__name__)
     settings = Settings.from_env()
     app.config.from_mapping(
@@ -28,8 +33,15 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         MAX_PROMPT_CHARS=settings.max_prompt_chars,
         MAX_RUN_S=settings.max_run_s,
         RESULT_TTL_S=settings.result_ttl_s,
+        SSE_MAX_STREAMS=settings.sse_max_streams,
+        SSE_MAX_S=settings.sse_max_s,
+        SSE_KEEPALIVE_S=settings.sse_keepalive_s,
+        OPENAI_MODEL=settings.openai_model,
+        SWEEP_RESULTS_DIR=str(settings.sweep_results_dir),
+        SWEEP_QUEUE=settings.sweep_queue,
+        RATE_LIMITS=RateLimits(settings.rate_creates_per_min, settings.rate_reads_per_min),
+        WEBHOOKS=WebhookSettings.from_settings(settings),
     )
-    from h3batch.core import defaults  # noqa: PLC0415
 
     app.config["MAX_CONTENT_LENGTH"] = defaults.MAX_BODY_BYTES
     if config:

@@ -20,6 +20,7 @@ from pathlib import Path
 import requests
 
 from h3batch.cli_args import OneLineArgumentParser
+from h3batch.settings import raw_value
 
 TERMINAL = ("completed", "failed", "cancelled", "expired")
 DEFAULT_API = "http://127.0.0.1:8000"
@@ -38,9 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=None, help="sampler seed (random when left out)")
     parser.add_argument("--wait", action="store_true", help="follow the job until it finishes")
     parser.add_argument("--out", type=Path, default=None, help="save the MP4 here (implies --wait)")
-    parser.add_argument("--api", default=os.environ.get("H3BATCH_API_URL", DEFAULT_API),
+    parser.add_argument("--api", default=raw_value("H3BATCH_API_URL") or DEFAULT_API,
                         help=f"API base URL (env H3BATCH_API_URL, default {DEFAULT_API})")
-    parser.add_argument("--api-key", default=os.environ.get("H3BATCH_API_KEY"),
+    parser.add_argument("--api-key", default=raw_value("H3BATCH_API_KEY"),
                         help="Bearer key (env H3BATCH_API_KEY)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="give up waiting after this many seconds")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (still prints the outcome)")

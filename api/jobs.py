@@ -2,7 +2,6 @@
 server-sent events. The views translate /jobs' wire format; the work is done by api/job_service.py."""
 from __future__ import annotations
 
-import os
 import re
 import time
 
@@ -29,7 +28,6 @@ POLL_AFTER_MS = "500"
 _FINISHED = frozenset(s.value for s in FINISHED)
 _PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*(\d+)", re.IGNORECASE)
 _EVENT_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
-KEEPALIVE_S = float(os.environ.get("H3BATCH_SSE_KEEPALIVE_S", "") or 15.0)
 """An SSE comment line at least this often keeps proxies from closing an idle event stream."""
 _EVENT_BLOCK_MS = 2000  # one XREAD BLOCK; below the Redis client's 5 s socket timeout
 _ERROR_CODES = {"extra_forbidden": "unsupported_parameter", "unsupported_size": "unsupported_size",
@@ -147,6 +145,7 @@ def events(job_id: str):
                                                f"found {last_id[:40]!r}")
     r = get_redis()
     stream_key = keys.events(job_id)
+    keepalive_s = float(current_app.config["SSE_KEEPALIVE_S"])
 
     def generate():
         cursor, last_write = last_id, time.monotonic()
@@ -164,7 +163,7 @@ def events(job_id: str):
                     return  # deleted or expired: nothing more will come
                 if status in _FINISHED and not r.xread({stream_key: cursor}, count=1):
                     return  # finished and the client already has the terminal event
-                if time.monotonic() - last_write >= KEEPALIVE_S:
+                if time.monotonic() - last_write >= keepalive_s:
                     yield ": keep-alive\n\n"
                     last_write = time.monotonic()
 

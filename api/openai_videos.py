@@ -3,7 +3,6 @@
 The OpenAPI paths of these routes are in api/openapi.py."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,8 @@ bp = Blueprint("openai_videos", __name__, url_prefix="/v1")
 
 
 def model_id() -> str:
-    """The model id served: config OPENAI_MODEL, else H3BATCH_OPENAI_MODEL, else DEFAULT_MODEL_ID."""
-    return current_app.config.get("OPENAI_MODEL") or os.environ.get("H3BATCH_OPENAI_MODEL") or DEFAULT_MODEL_ID
+    """The model id served: app config OPENAI_MODEL (from H3BATCH_OPENAI_MODEL)."""
+    return current_app.config.get("OPENAI_MODEL") or DEFAULT_MODEL_ID
 
 
 # --- request body ---

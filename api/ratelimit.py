@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass
-from typing import Mapping
 
 from flask import Flask, current_app, g, request
 
@@ -28,7 +26,6 @@ from h3batch.api.auth import OPEN_PATHS
 from h3batch.api.errors import ApiError
 from h3batch.api.redis_client import get_redis
 from h3batch.core import keys
-from h3batch.core.exceptions import ConfigError
 
 log = logging.getLogger("h3batch.api")
 
@@ -70,27 +67,8 @@ class RateLimits:
     creates_per_min: int = 60
     reads_per_min: int = 600
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "RateLimits":
-        env = os.environ if env is None else env
-        return cls(creates_per_min=_per_min(env, "H3BATCH_RATE_CREATES_PER_MIN", cls.creates_per_min),
-                   reads_per_min=_per_min(env, "H3BATCH_RATE_READS_PER_MIN", cls.reads_per_min))
-
     def quota(self, bucket: str) -> int:
         return self.creates_per_min if bucket == "creates" else self.reads_per_min
-
-
-def _per_min(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}: expected requests per minute (an integer >= 0), found {raw!r}") from None
-    if value < 0:
-        raise ConfigError(f"{name}: expected requests per minute (an integer >= 0), found {value}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -110,7 +88,7 @@ def take(r, owner: str, bucket: str, per_min: int) -> Decision:
 
 def init_rate_limit(app: Flask) -> None:
     """Read the limits (H3BATCH_RATE_*; `app.config["RATE_LIMITS"]` overrides) and install the checks."""
-    limits = app.config.get("RATE_LIMITS") or RateLimits.from_env()
+    limits = app.config.get("RATE_LIMITS") or RateLimits()
     app.extensions[_EXTENSION_KEY] = limits
     app.before_request(_check)
     app.after_request(_headers)

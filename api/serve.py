@@ -31,9 +31,6 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         settings = Settings.from_env()
-        from h3batch.api.ratelimit import RateLimits  # noqa: PLC0415
-
-        RateLimits.from_env()  # H3BATCH_RATE_*: a bad value is one line here, not a crash in every gunicorn worker
         check_startup(settings)
     except ConfigError as exc:
         print(f"h3batch api: {exc}", file=sys.stderr)

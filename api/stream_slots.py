@@ -15,7 +15,6 @@ The slot is released when the WSGI server closes the response (end of stream or 
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -31,15 +30,8 @@ DEFAULT_MAX_S = 300.0
 RETRY_AFTER_S = 2
 
 
-def _env_number(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    return float(raw) if raw else default
-
-
 def init_stream_slots(app: Flask) -> None:
     """Install the stream guards (call after auth, so an unauthenticated request never takes a slot)."""
-    app.config.setdefault("SSE_MAX_STREAMS", int(_env_number("H3BATCH_SSE_MAX_STREAMS", DEFAULT_MAX_STREAMS)))
-    app.config.setdefault("SSE_MAX_S", _env_number("H3BATCH_SSE_MAX_S", DEFAULT_MAX_S))
     app.extensions[_SLOTS_KEY] = threading.BoundedSemaphore(max(1, int(app.config["SSE_MAX_STREAMS"])))
     app.before_request(_take_slot)
     app.after_request(_hand_over_slot)

@@ -5,7 +5,6 @@ sweep itself runs in `h3batch sweep-worker` on the `loadrunner` queue.
 """
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -25,12 +24,11 @@ _CELERY_KEY = "h3batch.sweep_celery"
 
 
 def _results_dir() -> Path:
-    return Path(current_app.config.get("SWEEP_RESULTS_DIR")
-                or os.environ.get("H3BATCH_SWEEP_RESULTS_DIR") or DEFAULT_RESULTS_DIR)
+    return Path(current_app.config.get("SWEEP_RESULTS_DIR") or DEFAULT_RESULTS_DIR)
 
 
 def _queue() -> str:
-    return current_app.config.get("SWEEP_QUEUE") or os.environ.get("H3BATCH_SWEEP_QUEUE") or DEFAULT_QUEUE
+    return current_app.config.get("SWEEP_QUEUE") or DEFAULT_QUEUE
 
 
 def _celery():

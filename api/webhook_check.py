@@ -12,11 +12,11 @@ _EXTENSION_KEY = "h3batch.webhook_settings"
 
 
 def webhook_settings() -> WebhookSettings:
-    """The app's webhook settings: `config["WEBHOOKS"]` (tests) or H3BATCH_WEBHOOK_* env vars, read once."""
+    """The app's webhook settings: `config["WEBHOOKS"]` (from H3BATCH_WEBHOOK_* in create_app, or a test's)."""
     app = current_app._get_current_object()  # type: ignore[attr-defined]
     settings = app.extensions.get(_EXTENSION_KEY)
     if settings is None:
-        settings = app.config.get("WEBHOOKS") or WebhookSettings.from_env()
+        settings = app.config.get("WEBHOOKS") or WebhookSettings()
         app.extensions[_EXTENSION_KEY] = settings
     return settings
 

@@ -107,12 +107,12 @@ def test_stream_time_limit_ends_with_retry_hint_and_frees_the_slot(compat_redis_
                                                                    monkeypatch):
     """A stream older than SSE_MAX_S ends with a `retry:` hint (the client resumes with Last-Event-ID) and gives its
     slot back."""
-    import h3batch.api.jobs
     from h3batch.api import create_app
 
-    monkeypatch.setattr(h3batch.api.jobs, "KEEPALIVE_S", 0.2)  # keep-alives are what let the guard look at the clock
+
     app = create_app({"REDIS_URL": compat_redis_url, "ARTIFACTS_DIR": str(compat_artifacts), "API_KEYS": [],
-                      "SSE_MAX_S": 1.0, "SSE_MAX_STREAMS": 1})
+                      "SSE_MAX_S": 1.0, "SSE_MAX_STREAMS": 1,
+                      "SSE_KEEPALIVE_S": 0.2})  # keep-alives are what let the guard look at the clock
     job_id = create_job(rc, JobSpec(prompt="idle", seconds=4.0, width=256, height=128, seed=1))["id"]
     try:
         client = app.test_client()

@@ -9,12 +9,12 @@ import pytest
 import redis
 
 from h3batch.api import job_service
-from h3batch.api.enqueue import make_sender
 from h3batch.api.errors import ApiError
 from h3batch.api.jobs import JOBS
 from h3batch.api.openai_protocol import VIDEOS
 from h3batch.api.schemas import CreateJob
 from h3batch.core import defaults, keys
+from h3batch.core.celery_app import make_celery
 from h3batch.core.jobs import JobStatus, load_job, transition
 
 
@@ -29,7 +29,7 @@ def r(redis_url):
 
 def make_caller(r: redis.Redis, tmp_path: Path, owner: str = "owner-a", send=None) -> job_service.Caller:
     url = f"redis://127.0.0.1:{r.connection_pool.connection_kwargs['port']}/9"
-    sender = make_sender(url, 60)
+    sender = make_celery(url, max_run_s=60)
 
     def send_render(job_id: str) -> None:
         sender.send_task(defaults.RENDER_TASK, args=[job_id], queue=defaults.RENDER_QUEUE)
