@@ -28,7 +28,7 @@ from h3batch.core.geometry import RequestGeometry
 from h3batch.worker.h3 import contract, decode, mp4, packing, provenance, vae_native
 from h3batch.worker.h3.loader import load_transformer
 from h3batch.worker.h3.sampler import SigmaLadder, initial_noise
-from h3batch.worker.h3.vsa import vsa_plan_for_layout
+from h3batch.worker.h3.vsa_plan import vsa_plan_for_layout
 
 if TYPE_CHECKING:  # transformers is imported by `load` only: rank-group ranks other than 0 never need it
     from h3batch.worker.h3.text_encoder import TextEncoder
