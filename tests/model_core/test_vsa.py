@@ -1,4 +1,4 @@
-"""h3batch.worker.h3.vsa_plan and .vsa: §10 VSA-H3 tiling plan (§13.19) and the dense-mask reference attention (§13.20)."""
+"""h3batch.worker.h3.vsa_plan and .vsa: §10 VSA-H3 tiling plan (§13.19) and the dense-mask reference (§13.20)."""
 from __future__ import annotations
 
 import math

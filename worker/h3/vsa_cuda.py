@@ -1,7 +1,8 @@
 """Fast VSA-H3 (spec h3-model.md §10) for CUDA: PyTorch FlexAttention over the padded tile buffer, coarse branch aside.
 
-Same signature and math as the dense-mask reference `h3batch.worker.h3.vsa.vsa_attention_reference` (neither module
-imports the other; both take their `VsaPlan` from `vsa_plan.py`). The reference builds an [S, S] token mask, this path never materialises anything larger than the [B, H, n, n] tile lists. Steps per call:
+Same signature and math as the dense-mask reference `h3batch.worker.h3.vsa.vsa_attention_reference` (neither
+module imports the other; both take their `VsaPlan` from `vsa_plan.py`). The reference builds an [S, S] token mask,
+this path never materialises anything larger than the [B, H, n, n] tile lists. Steps per call:
 
 1. Tile: gather q, k, v (packed rows, [B, S, H, D]) into the padded buffer [B, 64·n, H, D] of the plan (tile i owns
    slots [64i, 64i+64), valid rows first, pad slots zero) and sum each tile in fp32 in the same pass (tile means with
@@ -422,7 +423,7 @@ def vsa_attention_cuda(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor, plan: VsaPlan, *,
     kernel_options: Mapping[str, Any] | None = None,
 ) -> torch.Tensor:
-    """VSA-H3 attention, fast path: O = O_fine + gate ⊙ O_coarse[tile(row)] (same contract as `vsa_attention_reference`).
+    """VSA-H3 attention, fast path: O = O_fine + gate ⊙ O_coarse[tile(row)] (the contract of the reference).
 
     q, k (after QK-norm and RoPE), v, gate: [B, S, heads, head_dim] in packed row order; returns the same shape and
     dtype. Built for CUDA (compiled FlexAttention); on CPU it runs eager FlexAttention (tests only, O(S²) memory).
