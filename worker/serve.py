@@ -7,7 +7,6 @@ a worker is consuming, and on exit (normal, error or Ctrl-C) stops everything it
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
