@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from h3batch.core.geometry import RequestGeometry  # noqa: E402
 from h3batch.worker.h3 import vsa as vsa_module  # noqa: E402
 from h3batch.worker.h3 import vsa_cuda  # noqa: E402
+from h3batch.worker.h3 import vsa_plan as vsa_plan_module  # noqa: E402
 from h3batch.worker.h3.packing import build_packed_layout  # noqa: E402
 
 TEXT_ROWS = 128
@@ -107,7 +108,7 @@ def sparse_attention_flops(keep: torch.Tensor, plan, head_dim: int) -> float:
 
 def geometry():
     layout = build_packed_layout(TEXT_ROWS, RequestGeometry(WIDTH, HEIGHT, SECONDS))
-    plan = vsa_module.vsa_plan_for_layout(layout, 0.8)
+    plan = vsa_plan_module.vsa_plan_for_layout(layout, 0.8)
     return layout, plan
 
 
@@ -159,7 +160,7 @@ def part_peak(res: dict, rows: int) -> None:
 def _reference_heads(q, k, v, g, plan, heads, chunk=4096):
     """fp32 VSA reference for a few heads at full length (query chunks; token mask from the reference's tile map)."""
     scores = vsa_module.tile_scores(q, k, plan)  # fp32 [1, H, n, n] via the reference's own means
-    keep = vsa_module.block_map(scores, plan)
+    keep = vsa_plan_module.block_map(scores, plan)
     coarse = (torch.softmax(scores, -1) @ vsa_module.tile_means(v, plan)).to(q.dtype)  # [1, H, n, D]
     row_tile = plan.row_tile.to(q.device)
     out = {}
@@ -201,12 +202,12 @@ def part_attention(res: dict, plan, sweep: bool, dump) -> None:
     geo = vsa_cuda.tiled_geometry(plan, q.device)
     (qt, qm), (kt, km), (vt, _) = (vsa_cuda.tile_rows(t, geo) for t in (q, k, v))
     scores = qm @ km.transpose(-1, -2) / math.sqrt(dim)
-    keep = vsa_module.block_map(scores, plan)
+    keep = vsa_plan_module.block_map(scores, plan)
     att["block_map_agreement_with_reference"] = (keep == keep_ref).float().mean().item()
     att["density_tiles"] = keep.float().mean().item()
     att["sparse_TFLOP"] = sparse_attention_flops(keep, plan, dim) / 1e12
     # keep spans [B, H, n, n], so its sum already counts every head's 64×64 blocks.
-    att["padded_sparse_TFLOP"] = 4.0 * dim * float(keep.sum()) * vsa_module.TILE_TOKENS**2 / 1e12
+    att["padded_sparse_TFLOP"] = 4.0 * dim * float(keep.sum()) * vsa_plan_module.TILE_TOKENS**2 / 1e12
     del keep_ref, ref
     dump()
 
@@ -432,46 +433,40 @@ def part_block(res: dict, layout, plan, out_dir: Path, dump) -> None:
             blk["a_output_rms"] = dout.float().pow(2).mean().sqrt().item()
             del nout, dout
 
-    # (c) native VSA 0.8: the DiT imports h3batch.worker.h3.vsa.vsa_attention at call time; point it at the CUDA path for
-    # the run (a no-op in effect once vsa.vsa_attention dispatches CUDA tensors there itself).
-    blk["vsa_dispatch"] = "bench routes h3batch.worker.h3.vsa.vsa_attention to vsa_cuda.vsa_attention_cuda"
-    original = vsa_module.vsa_attention
-    vsa_module.vsa_attention = vsa_cuda.vsa_attention_cuda
-    try:
-        with torch.no_grad():
-            record("c_native_vsa", lambda: nblock(x, temb, adaln_rows, rope, plan), lin_gated + att_sparse)
-            top, gemm_ms, total_ms = _profile_top(lambda: nblock(x, temb, adaln_rows, rope, plan),
-                                                  out_dir / "profile_c.txt")
-            blk["c_profile_top"] = top
-            blk["c_profile_gemm_ms"] = gemm_ms
-            blk["c_profile_total_kernel_ms"] = total_ms
-            blk["c_in_block_linear_TFLOPs"] = lin_gated / gemm_ms / 1e9 if gemm_ms else None
-            dump()
-            top_b, gemm_b, total_b = _profile_top(lambda: nblock(x, temb, adaln_rows, rope), out_dir / "profile_b.txt")
-            blk["b_profile_top"] = top_b
-            blk["b_profile_gemm_ms"] = gemm_b
+    # (c) native VSA 0.8: the DiT's AttentionCore sends CUDA tensors to vsa_cuda.vsa_attention_cuda itself.
+    blk["vsa_dispatch"] = "AttentionCore routes CUDA tensors to vsa_cuda.vsa_attention_cuda"
+    with torch.no_grad():
+        record("c_native_vsa", lambda: nblock(x, temb, adaln_rows, rope, plan), lin_gated + att_sparse)
+        top, gemm_ms, total_ms = _profile_top(lambda: nblock(x, temb, adaln_rows, rope, plan),
+                                              out_dir / "profile_c.txt")
+        blk["c_profile_top"] = top
+        blk["c_profile_gemm_ms"] = gemm_ms
+        blk["c_profile_total_kernel_ms"] = total_ms
+        blk["c_in_block_linear_TFLOPs"] = lin_gated / gemm_ms / 1e9 if gemm_ms else None
+        dump()
+        top_b, gemm_b, total_b = _profile_top(lambda: nblock(x, temb, adaln_rows, rope), out_dir / "profile_b.txt")
+        blk["b_profile_top"] = top_b
+        blk["b_profile_gemm_ms"] = gemm_b
 
-        # (c0): block (c) of the earlier runs, i.e. QK-norm, RoPE and SwiGLU back on eager torch (modulation stays
-        # Triton). The model imports the two ops by name, so the bench swaps those names for the run.
-        def run_c0():
-            return _with_eager_glue(native, lambda: nblock(x, temb, adaln_rows, rope, plan))
+    # (c0): block (c) of the earlier runs, i.e. QK-norm, RoPE and SwiGLU back on eager torch (modulation stays
+    # Triton). The model imports the two ops by name, so the bench swaps those names for the run.
+    def run_c0():
+        return _with_eager_glue(native, lambda: nblock(x, temb, adaln_rows, rope, plan))
 
-        with torch.no_grad():
-            record("c0_native_vsa_eager_glue", run_c0, lin_gated + att_sparse)
-            top_c0, _, total_c0 = _profile_top(run_c0, out_dir / "profile_c0.txt")
-            blk["c0_profile_top"] = top_c0
-            blk["c0_profile_total_kernel_ms"] = total_c0
-            dump()
-        with torch.no_grad():  # how far the fused ops move the block's output (bf16 noise expected, not exact)
-            eager_out = run_c0()
-            fused_out = nblock(x, temb, adaln_rows, rope, plan)
-            diff = (fused_out.float() - eager_out.float()).abs()
-            blk["c_vs_c0_max_abs"], blk["c_vs_c0_mean_abs"] = diff.max().item(), diff.mean().item()
-            blk["c_vs_c0_differing_fraction"] = (fused_out != eager_out).float().mean().item()
-            del fused_out, eager_out, diff
-        blk["c_speedup_vs_c0"] = blk["c0_native_vsa_eager_glue"]["ms"] / blk["c_native_vsa"]["ms"]
-    finally:
-        vsa_module.vsa_attention = original
+    with torch.no_grad():
+        record("c0_native_vsa_eager_glue", run_c0, lin_gated + att_sparse)
+        top_c0, _, total_c0 = _profile_top(run_c0, out_dir / "profile_c0.txt")
+        blk["c0_profile_top"] = top_c0
+        blk["c0_profile_total_kernel_ms"] = total_c0
+        dump()
+    with torch.no_grad():  # how far the fused ops move the block's output (bf16 noise expected, not exact)
+        eager_out = run_c0()
+        fused_out = nblock(x, temb, adaln_rows, rope, plan)
+        diff = (fused_out.float() - eager_out.float()).abs()
+        blk["c_vs_c0_max_abs"], blk["c_vs_c0_mean_abs"] = diff.max().item(), diff.mean().item()
+        blk["c_vs_c0_differing_fraction"] = (fused_out != eager_out).float().mean().item()
+        del fused_out, eager_out, diff
+    blk["c_speedup_vs_c0"] = blk["c0_native_vsa_eager_glue"]["ms"] / blk["c_native_vsa"]["ms"]
 
     a_ms = blk.get("a_diffusers_dense", {}).get("ms")
     c_ms = blk["c_native_vsa"]["ms"]

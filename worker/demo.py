@@ -6,7 +6,6 @@ everything it started, also on Ctrl-C or an error. Uses only the stdlib HTTP cli
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from h3batch.core.geometry import RequestGeometry
-from h3batch.worker.h3 import contract, decode, mp4, packing, provenance, vae_native
+from h3batch.worker.h3 import base_vae_fetch, contract, decode, mp4, packing, vae_checkpoint_convert
 from h3batch.worker.h3.loader import load_transformer
 from h3batch.worker.h3.sampler import SigmaLadder, initial_noise
-from h3batch.worker.h3.vsa import vsa_plan_for_layout
+from h3batch.worker.h3.vsa_plan import vsa_plan_for_layout
 
 if TYPE_CHECKING:  # transformers is imported by `load` only: rank-group ranks other than 0 never need it
     from h3batch.worker.h3.text_encoder import TextEncoder
@@ -132,12 +132,12 @@ class Pipeline:
         device = torch.device(device) if device is not None else default_device()
         info = contract.validate_release(release_dir)  # ContractError names the field
         log.info("release %s: %s", info.model_id, info.startup_log_line)
-        fl2va = provenance.fetch_base_vaes(info, cache_dir=hf_cache)
+        fl2va = base_vae_fetch.fetch_base_vaes(info, cache_dir=hf_cache)
         root = Path(info.path)
         dit = load_transformer(root / "transformer", vsa_gates=True, device=device)
         text = TextEncoder.load(root / "text_encoder", root / "tokenizer", info.entry.text_hidden_layer, device)
-        video_vae = vae_native.load_video_vae(fl2va).to(device).eval()
-        audio_vae = vae_native.load_audio_vae(fl2va).to(device).eval()
+        video_vae = vae_checkpoint_convert.load_video_vae(fl2va).to(device).eval()
+        audio_vae = vae_checkpoint_convert.load_audio_vae(fl2va).to(device).eval()
         return cls(info, dit, text, video_vae, audio_vae, device)
 
     def geometry(self, req: RenderRequest) -> RequestGeometry:

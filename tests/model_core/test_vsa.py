@@ -1,4 +1,4 @@
-"""h3batch.worker.h3.vsa: §10 VSA-H3 tiling plan (§13.19) and the dense-mask reference attention (§13.20)."""
+"""h3batch.worker.h3.vsa_plan and .vsa: §10 VSA-H3 tiling plan (§13.19) and the dense-mask reference (§13.20)."""
 from __future__ import annotations
 
 import math
@@ -9,16 +9,18 @@ import torch
 from h3batch.core.geometry import RequestGeometry
 from h3batch.worker.h3.packing import build_packed_layout
 from h3batch.worker.h3.vsa import (
-    TILE_TOKENS,
-    block_map,
-    build_vsa_plan,
     dense_attention,
     from_tiles,
     tile_means,
     tile_scores,
     to_tiles,
+    vsa_attention_reference,
+)
+from h3batch.worker.h3.vsa_plan import (
+    TILE_TOKENS,
+    block_map,
+    build_vsa_plan,
     top_k_video_tiles,
-    vsa_attention,
     vsa_plan_for_layout,
     vsa_plan_for_request,
 )
@@ -149,9 +151,9 @@ def test_rows_not_matching_plan_raise():
     plan = tiny_plan()
     q, k, v, g = random_qkvg(plan)
     with pytest.raises(ValueError, match=r"S=310"):
-        vsa_attention(q[:, :-1], k[:, :-1], v[:, :-1], g[:, :-1], plan)
+        vsa_attention_reference(q[:, :-1], k[:, :-1], v[:, :-1], g[:, :-1], plan)
     with pytest.raises(ValueError, match="gate"):
-        vsa_attention(q, k, v, g[..., :8], plan)
+        vsa_attention_reference(q, k, v, g[..., :8], plan)
 
     class WrongLayout:  # a layout claiming more rows than its segments and grid hold
         prefix_segments, video_grid, sequence_length = (12, 74), (7, 4, 8), 311
@@ -187,7 +189,7 @@ def test_sparsity_zero_zero_gate_equals_dense():
     plan = tiny_plan(sparsity=0.0)
     assert plan.is_dense and plan.top_k == plan.num_video_tiles
     q, k, v, _ = random_qkvg(plan, seed=1)
-    out = vsa_attention(q, k, v, torch.zeros_like(q), plan)
+    out = vsa_attention_reference(q, k, v, torch.zeros_like(q), plan)
     assert (out - dense_attention(q, k, v)).abs().max().item() <= 1e-6
 
 
@@ -210,8 +212,8 @@ def test_zero_gate_removes_coarse_branch_exactly():
     """Zero gate gives exactly the fine branch; a random gate adds exactly gate ⊙ O_c[tile(row)] (hand-computed)."""
     plan = tiny_plan()
     q, k, v, gate = random_qkvg(plan, seed=2)
-    fine_only = vsa_attention(q, k, v, torch.zeros_like(gate), plan)
-    gated = vsa_attention(q, k, v, gate, plan)
+    fine_only = vsa_attention_reference(q, k, v, torch.zeros_like(gate), plan)
+    gated = vsa_attention_reference(q, k, v, gate, plan)
     coarse = coarse_by_hand(q, k, v, plan)  # [B, H, n, D]
     coarse_rows = coarse[:, :, plan.row_tile].transpose(1, 2)  # [B, S, H, D]
     assert (gated - fine_only - gate * coarse_rows).abs().max().item() <= 1e-5
@@ -255,7 +257,7 @@ def test_block_map_keeps_exactly_the_expected_tiles():
 def test_fine_branch_attends_only_to_kept_tiles():
     """With a zero gate every video row's output is softmax attention over exactly the prefix rows and its kept tile."""
     plan, perm, q, k, v = hand_built_case()
-    out = vsa_attention(q, k, v, torch.zeros_like(q), plan)
+    out = vsa_attention_reference(q, k, v, torch.zeros_like(q), plan)
     rows_of = [torch.nonzero(plan.row_tile == t).flatten() for t in range(plan.num_tiles)]
     for row in [0, 4, 5, 70, 140, 200, 260]:
         tile = plan.row_tile[row].item()
@@ -274,8 +276,8 @@ def test_bf16_inputs_keep_dtype_and_track_fp32():
     """bf16 inputs give a bf16 output in packed row order within 2e-2 of the fp32 reference."""
     plan = tiny_plan()
     q, k, v, gate = random_qkvg(plan, seed=4)
-    ref = vsa_attention(q, k, v, gate, plan)
-    out = vsa_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), gate.bfloat16(), plan)
+    ref = vsa_attention_reference(q, k, v, gate, plan)
+    out = vsa_attention_reference(q.bfloat16(), k.bfloat16(), v.bfloat16(), gate.bfloat16(), plan)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
     assert (out.float() - ref).abs().max().item() <= 2e-2
 
@@ -284,19 +286,19 @@ def test_batch_items_are_independent():
     """A B = 2 call equals two B = 1 calls (each item its own document, shared plan)."""
     plan = tiny_plan()
     q, k, v, gate = random_qkvg(plan, seed=6)
-    both = vsa_attention(q, k, v, gate, plan)
+    both = vsa_attention_reference(q, k, v, gate, plan)
     for b in range(2):
-        one = vsa_attention(q[b : b + 1], k[b : b + 1], v[b : b + 1], gate[b : b + 1], plan)
+        one = vsa_attention_reference(q[b : b + 1], k[b : b + 1], v[b : b + 1], gate[b : b + 1], plan)
         assert (both[b : b + 1] - one).abs().max().item() <= 1e-6
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_inputs_match_cpu_reference():
-    """With CUDA tensors and the CPU-built plan, VSA runs on the device and matches the CPU result (fp32)."""
+    """With CUDA tensors and the CPU-built plan, the reference runs on the device and matches the CPU result (fp32)."""
     plan = tiny_plan()
     q, k, v, gate = random_qkvg(plan, seed=7)
-    cpu = vsa_attention(q, k, v, gate, plan)
-    gpu = vsa_attention(q.cuda(), k.cuda(), v.cuda(), gate.cuda(), plan)
+    cpu = vsa_attention_reference(q, k, v, gate, plan)
+    gpu = vsa_attention_reference(q.cuda(), k.cuda(), v.cuda(), gate.cuda(), plan)
     assert gpu.device.type == "cuda"
     assert (gpu.cpu() - cpu).abs().max().item() <= 1e-4
     assert torch.equal(from_tiles(to_tiles(q.cuda(), plan), plan).cpu(), q)

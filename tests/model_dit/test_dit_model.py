@@ -257,7 +257,7 @@ def test_text_row_rope_leaves_h_w_pairs_and_tail_unrotated():
 
 def test_sparse_path_dense_plan_with_zero_gates_equals_dense(t2_pair):
     """A VSA plan with sparsity 0 (k = Nv) and zero gates gives the dense outputs; random gates change them."""
-    from h3batch.worker.h3.vsa import build_vsa_plan
+    from h3batch.worker.h3.vsa_plan import build_vsa_plan
 
     oracle, model = t2_pair
     inputs = t2va_inputs(T2, latent_frames=5)  # video grid (5, 2, 3): two (4,4,4) tiles
@@ -277,12 +277,27 @@ def test_sparse_path_without_gates_passes_zero_gates(t2_pair):
     """A gate-less model on the sparse path equals the gated model whose gates are zero."""
     oracle, zero_gated = t2_pair
     plain = native_from_oracle(T2, oracle)
-    from h3batch.worker.h3.vsa import build_vsa_plan
+    from h3batch.worker.h3.vsa_plan import build_vsa_plan
 
     plan = build_vsa_plan((7, 10), (5, 2, 3), sparsity=0.8)
     inputs = t2va_inputs(T2, latent_frames=5)
     for got, expected in zip(run(plain, inputs, vsa_plan=plan), run(zero_gated, inputs, vsa_plan=plan)):
         assert torch.equal(got, expected)
+
+
+def test_attention_core_sends_cpu_tensors_with_a_plan_to_the_reference():
+    """`AttentionCore` with a VSA plan on CPU tensors returns exactly the dense-mask reference, not dense SDPA."""
+    from h3batch.worker.h3.model import AttentionCore
+    from h3batch.worker.h3.vsa import vsa_attention_reference
+    from h3batch.worker.h3.vsa_plan import build_vsa_plan
+
+    plan = build_vsa_plan((7, 10), (5, 4, 8), sparsity=0.8)
+    assert not plan.is_dense
+    q, k, v, gate = torch.randn(4, 1, plan.sequence_length, 2, 16, generator=torch.Generator().manual_seed(3))
+    core = AttentionCore(head_dim=16)
+    out = core(q, k, v, gate, plan)
+    assert torch.equal(out, vsa_attention_reference(q, k, v, gate, plan))
+    assert max_diff(out, core(q, k, v, None)) > 1e-3  # the sparse path is not the dense one
 
 
 # Input validation ----------------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ class DitInputs:
 
 
 def vsa_plan():
-    from h3batch.worker.h3.vsa import build_vsa_plan
+    from h3batch.worker.h3.vsa_plan import build_vsa_plan
 
     return build_vsa_plan((TEXT_ROWS, AUDIO_ROWS), VIDEO_GRID)
 

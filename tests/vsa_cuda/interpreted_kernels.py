@@ -9,7 +9,7 @@ import json
 import torch
 
 from h3batch.worker.h3 import vsa_cuda
-from h3batch.worker.h3.vsa import build_vsa_plan
+from h3batch.worker.h3.vsa_plan import build_vsa_plan
 
 plan = build_vsa_plan((12, 74), (8, 8, 10), 0.8)
 geo = vsa_cuda.tiled_geometry(plan, torch.device("cpu"))

@@ -19,10 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from h3batch.worker.h3 import vsa
-from h3batch.worker.h3.vsa import TILE_TOKENS, build_vsa_plan, dense_attention
-from h3batch.worker.h3.vsa import (
-    vsa_attention_reference as vsa_attention,  # the oracle (vsa_attention dispatches CUDA here)
-)
+from h3batch.worker.h3.model import AttentionCore
+from h3batch.worker.h3.vsa import dense_attention
+from h3batch.worker.h3.vsa import vsa_attention_reference as vsa_attention  # the oracle
 from h3batch.worker.h3.vsa_cuda import (
     build_block_mask,
     combine,
@@ -35,6 +34,7 @@ from h3batch.worker.h3.vsa_cuda import (
     to_tiles,
     vsa_attention_cuda,
 )
+from h3batch.worker.h3.vsa_plan import TILE_TOKENS, block_map, build_vsa_plan
 
 FP32_ATOL = 1e-5
 BF16_ATOL = 2e-2
@@ -75,7 +75,7 @@ def test_kv_block_lists_cover_the_tile_map_and_split_full_from_partial():
     plan = build_vsa_plan(PREFIX, GRID, 0.8)
     geo = tiled_geometry(plan, torch.device("cpu"))
     q, k, _, _ = _inputs(plan)
-    keep = vsa.block_map(vsa.tile_scores(q, k, plan), plan)
+    keep = block_map(vsa.tile_scores(q, k, plan), plan)
     partial_num, partial_idx, full_num, full_idx = kv_block_lists(keep, geo)
     sizes = plan.variable_block_sizes
     rebuilt = torch.zeros_like(keep)
@@ -109,11 +109,11 @@ def test_lists_from_scores_equal_lists_from_reference_block_map(grid, sparsity):
     q, k, _, _ = _inputs(plan, heads=3, seed=4)
     scores = vsa.tile_scores(q, k, plan)
     fast = kv_lists_from_scores(scores, plan, geo)
-    slow = kv_block_lists(vsa.block_map(scores, plan), geo)
+    slow = kv_block_lists(block_map(scores, plan), geo)
     assert torch.equal(fast[0], slow[0]) and torch.equal(fast[2], slow[2])  # per-kind counts
     assert torch.equal(_lists_to_map(fast[:2] + (torch.zeros_like(fast[2]), fast[3]), plan.num_tiles),
                        _lists_to_map(slow[:2] + (torch.zeros_like(slow[2]), slow[3]), plan.num_tiles))
-    assert torch.equal(_lists_to_map(fast, plan.num_tiles), vsa.block_map(scores, plan))
+    assert torch.equal(_lists_to_map(fast, plan.num_tiles), block_map(scores, plan))
 
 
 def test_kernel_semantics_from_block_lists_and_pad_mask_equal_reference():
@@ -121,7 +121,7 @@ def test_kernel_semantics_from_block_lists_and_pad_mask_equal_reference():
     plan = build_vsa_plan(PREFIX, GRID, 0.8)
     geo = tiled_geometry(plan, torch.device("cpu"))
     q, k, v, _ = _inputs(plan)
-    keep = vsa.block_map(vsa.tile_scores(q, k, plan), plan)
+    keep = block_map(vsa.tile_scores(q, k, plan), plan)
     partial_num, partial_idx, full_num, full_idx = kv_lists_from_scores(vsa.tile_scores(q, k, plan), plan, geo)
 
     # Token mask the compiled kernel applies: full blocks unmasked, partial blocks masked to real key slots.
@@ -188,7 +188,7 @@ def test_zero_gate_removes_coarse_branch_and_a_gate_adds_it():
     plan = build_vsa_plan(PREFIX, GRID, 0.8)
     q, k, v, g = _inputs(plan, seed=7)
     ungated = vsa_attention_cuda(q, k, v, torch.zeros_like(g), plan)
-    keep = vsa.block_map(vsa.tile_scores(q, k, plan), plan)
+    keep = block_map(vsa.tile_scores(q, k, plan), plan)
     row_tile = plan.row_tile
     fine = vsa._masked_attention(q, k, v, keep[:, :, row_tile][:, :, :, row_tile]).transpose(1, 2)
     torch.testing.assert_close(ungated, fine, atol=FP32_ATOL, rtol=0)
@@ -282,10 +282,10 @@ def test_cuda_combine_kernel_matches_torch_bitwise():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA dispatch needs a GPU")
 def test_dit_entry_point_dispatches_cuda_tensors_to_the_fast_path():
-    """`vsa.vsa_attention` (what the DiT calls) runs the FlexAttention path on CUDA and matches the reference."""
+    """The DiT's `AttentionCore` runs the FlexAttention path on CUDA tensors and matches the reference."""
     torch.manual_seed(0)
     plan = build_vsa_plan((12, 74), (7, 4, 8), 0.8)
     q, k, v, g = (torch.randn(1, plan.sequence_length, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    out = vsa.vsa_attention(q, k, v, g, plan)
+    out = AttentionCore(head_dim=64)(q, k, v, g, plan)
     expected = vsa_attention(*(t.float().cpu() for t in (q, k, v, g)), plan)
     torch.testing.assert_close(out.float().cpu(), expected, atol=2e-2, rtol=0)

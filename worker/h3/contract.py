@@ -17,7 +17,6 @@ Only JSON files and the transformer index are read here; no tensor is loaded.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import re

@@ -9,7 +9,8 @@ signature, same outputs). Differences from the oracle, all layout or speed, none
 * The text refiner is timestep-independent, so ``refine_text`` can run once per request and its output be passed to
   every step as ``refined_text``.
 * The output heads run on the selected video / audio rows only (the oracle runs both heads on all S rows).
-* ``vsa_plan`` switches the 50 DiT blocks to VSA-H3 sparse attention (``worker/h3/vsa.py``); the refiner stays dense.
+* ``vsa_plan`` switches the 50 DiT blocks to VSA-H3 sparse attention (``worker/h3/vsa_plan.py``,
+  ``vsa.py``, ``vsa_cuda.py``); the refiner stays dense.
 * Two seams for parallelism applied after construction (``worker/h3/parallel.py``): ``Attention.core`` is a
   parameter-free module a plan can swap, and ``embed`` returns the packed stream before the first block.
 
@@ -137,6 +138,9 @@ class AdaLNProjection(nn.Module):
 class AttentionCore(nn.Module):
     """softmax(q·kᵀ/√d)·v over the rows it is given: dense SDPA, or VSA-H3 when a plan is passed. No parameters.
 
+    With a plan, CUDA tensors take the block-sparse FlexAttention path (worker/h3/vsa_cuda.py) and all others the
+    dense-mask reference (worker/h3/vsa.py); neither ever falls back to dense attention.
+
     Its own module so a parallel plan can swap it after construction (worker/h3/parallel.py wraps it in the Ulysses
     all-to-all); the projections around it never change.
     """
@@ -157,9 +161,14 @@ class AttentionCore(nn.Module):
             return F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=1.0 / math.sqrt(self.head_dim)
             ).transpose(1, 2)  # [B, S, heads, hd]
-        from h3batch.worker.h3.vsa import vsa_attention  # sparse path only; keeps the dense model free of VSA imports
+        # VSA imports are lazy so the dense model needs neither; vsa_cuda compiles FlexAttention on first use.
+        if q.is_cuda:
+            from h3batch.worker.h3.vsa_cuda import vsa_attention_cuda
 
-        return vsa_attention(q, k, v, gate, vsa_plan)  # [B, S, heads, hd]
+            return vsa_attention_cuda(q, k, v, gate, vsa_plan)  # [B, S, heads, hd]
+        from h3batch.worker.h3.vsa import vsa_attention_reference
+
+        return vsa_attention_reference(q, k, v, gate, vsa_plan)  # [B, S, heads, hd]
 
 
 class Attention(nn.Module):
@@ -346,7 +355,7 @@ class H3Transformer(nn.Module):
         audio_indices: torch.Tensor,  # [Na] long
         text_indices: torch.Tensor,  # [L] long
         *,
-        vsa_plan: Any = None,  # h3batch.worker.h3.vsa.VsaPlan: VSA-H3 in the DiT blocks; None = dense SDPA
+        vsa_plan: Any = None,  # h3batch.worker.h3.vsa_plan.VsaPlan: VSA-H3 in the DiT blocks; None = dense SDPA
         refined_text: torch.Tensor | None = None,  # [B, L, H] from refine_text(); used instead of the text input
     ) -> tuple[torch.Tensor, torch.Tensor]:
         x, temb, adaln_rows, rope = self.embed(

@@ -11,17 +11,16 @@ image/video processors, and the text path does not use it (see ``worker/h3/text_
 Into the Hugging Face cache (``--hf-cache``, default ``$HF_HUB_CACHE`` or ``<out>/../hf-cache``) it writes a tiny
 ``MiniMaxAI/MiniMax-H3`` in the hub cache layout (``blobs/``, ``snapshots/<commit>/``, ``refs/main``, ``trees/``):
 ``FL2VA/video_vae/`` and ``FL2VA/audio_vae/`` in MiniMax's native format, converted from randomised diffusers VAEs
-with ``worker/h3/vae_native.py``'s table, plus files outside the two VAE patterns that a correct fetch never touches.
-The cache is written by hand because huggingface_hub only fills it from a live Hub; blob names, the LFS pointer
-``blob_id`` and the tree listing follow what ``snapshot_download`` itself stores. The commit id is a sha1 over the
-repo's file list, so it is a pure function of the seed.
+with ``worker/h3/vae_checkpoint_convert.py``'s table, plus files outside the two VAE patterns that a correct fetch
+never touches. The cache is written by hand because huggingface_hub only fills it from a live Hub; blob names, the
+LFS pointer ``blob_id`` and the tree listing follow what ``snapshot_download`` itself stores. The commit id is a sha1
+over the repo's file list, so it is a pure function of the seed.
 
 Same seed -> byte-identical files. Every tensor is drawn from one seeded CPU ``torch.Generator`` per component, in
 sorted-name order, at a scale that keeps the tiny models' outputs finite and non-trivial.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -39,7 +38,7 @@ from h3batch.cli_args import OneLineArgumentParser
 from h3batch.worker.h3 import contract
 from h3batch.worker.h3.config import DIFFUSERS_TO_NATIVE_FIELD, T2, H3Config
 from h3batch.worker.h3.tiny_configs import TINY_AUDIO_VAE, TINY_TEXT_ENCODER, TINY_TEXT_HIDDEN_LAYER, TINY_VIDEO_VAE
-from h3batch.worker.h3.vae_native import (
+from h3batch.worker.h3.vae_checkpoint_convert import (
     AUDIO_VAE_RULES,
     VIDEO_VAE_RULES,
     audio_config_to_native,

@@ -1,6 +1,7 @@
 """Fast VSA-H3 (spec h3-model.md §10) for CUDA: PyTorch FlexAttention over the padded tile buffer, coarse branch aside.
 
-Same signature and math as the CPU reference `h3batch.worker.h3.vsa.vsa_attention`; the reference builds an [S, S] token mask,
+Same signature and math as the dense-mask reference `h3batch.worker.h3.vsa.vsa_attention_reference` (neither
+module imports the other; both take their `VsaPlan` from `vsa_plan.py`). The reference builds an [S, S] token mask,
 this path never materialises anything larger than the [B, H, n, n] tile lists. Steps per call:
 
 1. Tile: gather q, k, v (packed rows, [B, S, H, D]) into the padded buffer [B, 64·n, H, D] of the plan (tile i owns
@@ -50,7 +51,7 @@ import triton
 import triton.language as tl
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from h3batch.worker.h3.vsa import TILE_TOKENS, VsaPlan, block_map
+from h3batch.worker.h3.vsa_plan import TILE_TOKENS, VsaPlan, block_map
 
 DEFAULT_KERNEL_OPTIONS: Mapping[str, Any] = {
     "BLOCK_M": TILE_TOKENS,  # must divide the 64-row sparse block (one VSA tile)
@@ -422,7 +423,7 @@ def vsa_attention_cuda(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor, plan: VsaPlan, *,
     kernel_options: Mapping[str, Any] | None = None,
 ) -> torch.Tensor:
-    """VSA-H3 attention, fast path: O = O_fine + gate ⊙ O_coarse[tile(row)] (same contract as `vsa_attention`).
+    """VSA-H3 attention, fast path: O = O_fine + gate ⊙ O_coarse[tile(row)] (the contract of the reference).
 
     q, k (after QK-norm and RoPE), v, gate: [B, S, heads, head_dim] in packed row order; returns the same shape and
     dtype. Built for CUDA (compiled FlexAttention); on CPU it runs eager FlexAttention (tests only, O(S²) memory).

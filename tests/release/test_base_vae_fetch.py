@@ -11,9 +11,9 @@ import pytest
 from huggingface_hub import snapshot_download
 from huggingface_hub.utils import filter_repo_objects
 
+from h3batch.worker.h3.base_vae_fetch import BaseModelError, fetch_base_vaes
 from h3batch.worker.h3.contract import ContractError, validate_release
-from h3batch.worker.h3.provenance import BaseModelError, fetch_base_vaes
-from h3batch.worker.h3.vae_native import load_audio_vae, load_video_vae
+from h3batch.worker.h3.vae_checkpoint_convert import load_audio_vae, load_video_vae
 
 REPO_ID = "MiniMaxAI/MiniMax-H3"
 PATTERNS = ["FL2VA/video_vae/**", "FL2VA/audio_vae/**"]

@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from h3batch.worker.h3 import vae_native
-from h3batch.worker.h3.provenance import fetch_base_vaes
+from h3batch.worker.h3 import vae_checkpoint_convert
+from h3batch.worker.h3.base_vae_fetch import fetch_base_vaes
 from h3batch.worker.h3.tiny_configs import TINY_AUDIO_VAE, TINY_VIDEO_VAE
 from h3batch.worker.h3.tiny_release import random_audio_vae, random_video_vae
-from h3batch.worker.h3.vae_native import (
+from h3batch.worker.h3.vae_checkpoint_convert import (
     AUDIO_VAE_RULES,
     VIDEO_VAE_RULES,
     diffusers_to_native,
@@ -163,17 +163,17 @@ def test_missing_key_raises(video_state, video_native, audio_state):
 
 def test_configs_translate_both_ways():
     """Native configs written for the tiny VAEs read back as exactly the tiny diffusers kwargs."""
-    wrapper, source = vae_native.video_config_to_native(TINY_VIDEO_VAE)
+    wrapper, source = vae_checkpoint_convert.video_config_to_native(TINY_VIDEO_VAE)
     assert source["ch"] == 8 and source["ch_mult"] == [1, 2, 2, 4] and source["vit_decoder_kwargs"]["heads"] == 2
-    assert vae_native.video_config_from_native(wrapper, source, "video_vae") == {
-        k: vae_native._norm(v) for k, v in TINY_VIDEO_VAE.items()
+    assert vae_checkpoint_convert.video_config_from_native(wrapper, source, "video_vae") == {
+        k: vae_checkpoint_convert._norm(v) for k, v in TINY_VIDEO_VAE.items()
     }
-    metadata, audio_wrapper = vae_native.audio_config_to_native(TINY_AUDIO_VAE)
+    metadata, audio_wrapper = vae_checkpoint_convert.audio_config_to_native(TINY_AUDIO_VAE)
     assert metadata["metadata"]["kwargs"]["vae_latent_channels"] == 32 and audio_wrapper["sample_rate"] == 32000
-    assert vae_native.audio_config_from_native(metadata, audio_wrapper, "audio_vae") == {
-        k: vae_native._norm(v) for k, v in TINY_AUDIO_VAE.items()
+    assert vae_checkpoint_convert.audio_config_from_native(metadata, audio_wrapper, "audio_vae") == {
+        k: vae_checkpoint_convert._norm(v) for k, v in TINY_AUDIO_VAE.items()
     }
-    assert vae_native.bigvgan_kernel_sizes([5, 5, 2, 2, 2, 2, 2]) == [9, 9, 4, 4, 4, 4, 4]
+    assert vae_checkpoint_convert.bigvgan_kernel_sizes([5, 5, 2, 2, 2, 2, 2]) == [9, 9, 4, 4, 4, 4, 4]
 
 
 def test_loaded_vaes_equal_the_randomised_originals(tiny, video_state, audio_state):

@@ -3,7 +3,7 @@
 A validated release pins ``hf://MiniMaxAI/MiniMax-H3@<40-hex commit>``. From that repo, at exactly that commit, only
 ``FL2VA/video_vae/**`` and ``FL2VA/audio_vae/**`` are requested through ``huggingface_hub.snapshot_download`` (into the
 Hugging Face cache, never into the release directory); both folders must then be present. The returned path is the
-``FL2VA`` root that ``h3batch.worker.h3.vae_native.load_video_vae`` / ``load_audio_vae`` read.
+``FL2VA`` root that ``h3batch.worker.h3.vae_checkpoint_convert.load_video_vae`` / ``load_audio_vae`` read.
 
 Set ``HF_HUB_OFFLINE=1`` to resolve from the cache only (tests, air-gapped workers).
 """
