@@ -258,9 +258,9 @@ def vsa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch
     everything else runs the dense-mask reference below. Neither ever falls back to dense attention.
     """
     if q.is_cuda:
-        from h3batch.worker.h3.vsa_cuda import vsa_attention_cuda  # lazy: compiles FlexAttention on first use
+        from h3batch.worker.h3.vsa_tk import vsa_attention_fast  # lazy: sm_90a kernel where it loads, else Flex
 
-        return vsa_attention_cuda(q, k, v, gate, plan)
+        return vsa_attention_fast(q, k, v, gate, plan)
     return vsa_attention_reference(q, k, v, gate, plan)
 
 
