@@ -254,7 +254,8 @@ def vsa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch
 
     q, k (after QK-norm and RoPE), v and gate (= to_gate_compress(h)): [B, S, heads, head_dim] in packed row order
     (text L, audio 2A, video raster). Returns [B, S, heads, head_dim] in the same order and q's dtype.
-    CUDA tensors take the block-sparse FlexAttention path (`h3batch.worker.h3.vsa_cuda`, tested against the reference);
+    CUDA tensors take `h3batch.worker.h3.vsa_tk.vsa_attention_fast` (compiled sm_90a kernel where it loads, else the
+    FlexAttention path of `h3batch.worker.h3.vsa_cuda`; both tested against the reference);
     everything else runs the dense-mask reference below. Neither ever falls back to dense attention.
     """
     if q.is_cuda:

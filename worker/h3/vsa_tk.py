@@ -18,8 +18,11 @@ supplies missing NCCL entry points (the extension links them for its Ulysses all
 H3BATCH_VSA_KERNEL selects: "auto" (default: the compiled kernel where it loads), "flex" (always FlexAttention), "tk"
 (the compiled kernel or an error).
 
-Measured on one H200 at the V2 geometry (docs/performance.md §2): kernel 15.96 ms vs FlexAttention's 17.61, whole VSA
-17.99 vs 20.56 ms (3.03× vs 2.65× dense SDPA), max abs 9.8e-4 against the fp32 reference on the same tile maps.
+The 0.3.5 wheel also bundles a user-mode driver library for its two driver calls; on the lent H200 its NEEDED entry
+was pointed at the host's libcuda.so.1 before use (docs/benchmarks.md, P3 section, says how).
+
+Measured on one H200 at the V2 geometry (docs/performance.md §5): kernel 15.46 ms vs FlexAttention's 17.32, whole
+VSA 17.88 vs 19.28 ms (2.99× vs 2.77× dense SDPA), max abs 9.8e-4 against the fp32 reference on the same tile maps.
 """
 from __future__ import annotations
 
