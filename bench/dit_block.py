@@ -2,20 +2,21 @@
 
 Geometry: the V2 recipe 1344×768, 4.4 s (107 frames → latent 32×48×84) with a 128-token prompt:
 S = 128 text + 356 audio + 32,256 video = 32,740 rows. Random bf16 weights at real width (hidden 5376, 56×128 heads,
-SwiGLU 14336). Times are CUDA-event medians after warm-up; compile / first-call time is reported apart.
+SwiGLU 14336). Times are CUDA-event medians after warm-up; compile / first-call / capture time is reported apart.
 
 Parts (each guarded, so one failure does not lose the others; results go to OUT/dit_block.json as they arrive):
   peak       8192³ bf16 matmul rate and the block's own GEMM shapes at M = S.
-  attention  (d) dense SDPA vs our VSA (worker/h3/vsa_cuda.py) at sparsity 0.8: kernel-option sweep, stage breakdown,
-             a real-size correctness check of two heads against an fp32 masked reference.
+  attention  (d) dense SDPA vs each sparse VSA path at sparsity 0.8: FlexAttention (worker/h3/vsa_cuda.py) and the
+             compiled sm_90a kernel (worker/h3/vsa_tk.py, when it loads); stage breakdowns, optional Flex option
+             sweep, a real-size check of two heads of each against an fp32 masked reference on the same tile maps.
   block      (a) diffusers MiniMaxH3TransformerBlock eager dense, (b) native DiTBlock dense, (c) native DiTBlock with
-             VSA 0.8 and all kernels/ ops (modulation, fused QK-norm + RoPE, fused SwiGLU); (c0) the same with QK-norm,
-             RoPE and SwiGLU forced back to eager torch (the block (c) of the first runs); peak memory;
-             torch.profiler top kernels of (c) and (c0); estimates of 8 steps × 50 blocks per GPU count.
+             VSA 0.8 on the shipped dispatch (compiled kernel where it loads), (c-flex) the same on FlexAttention,
+             (c-graph)/(c-flex-graph) each replayed from one CUDA graph; launch gaps (wall − summed kernel time from
+             torch.profiler), peak memory, 8 steps × 50 blocks; --c0 adds (c0), eager QK-norm/RoPE/SwiGLU.
   glue       the fused QK-norm + RoPE and SwiGLU ops alone at S rows vs their eager torch paths: ms, GB/s, and the
              fraction of output elements that differ from eager CUDA torch.
 
-Usage (on the GPU machine): python bench/dit_block.py --out $OUT [--parts peak,attention,block,glue] [--sweep]
+Usage (on the GPU machine): python bench/dit_block.py --out $OUT [--parts peak,attention,block,glue] [--sweep] [--c0]
 """
 from __future__ import annotations
 
@@ -34,13 +35,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from h3batch.core.geometry import RequestGeometry  # noqa: E402
-from h3batch.worker.h3 import vsa as vsa_module  # noqa: E402
-from h3batch.worker.h3 import vsa_cuda  # noqa: E402
-from h3batch.worker.h3 import vsa_plan as vsa_plan_module  # noqa: E402
-from h3batch.worker.h3.packing import build_packed_layout  # noqa: E402
+from h3batch.core.geometry import RequestGeometry
+from h3batch.worker.h3 import vsa as vsa_module
+from h3batch.worker.h3 import vsa_cuda, vsa_tk
+from h3batch.worker.h3 import vsa_plan as vsa_plan_module
+from h3batch.worker.h3.packing import build_packed_layout
 
 TEXT_ROWS = 128
 WIDTH, HEIGHT, SECONDS = 1344, 768, 4.4
@@ -208,6 +207,24 @@ def part_attention(res: dict, plan, sweep: bool, dump) -> None:
     att["sparse_TFLOP"] = sparse_attention_flops(keep, plan, dim) / 1e12
     # keep spans [B, H, n, n], so its sum already counts every head's 64×64 blocks.
     att["padded_sparse_TFLOP"] = 4.0 * dim * float(keep.sum()) * vsa_plan_module.TILE_TOKENS**2 / 1e12
+    # The compiled sm_90a kernel (worker/h3/vsa_tk.py): same check on the same heads, and against the Flex output.
+    tk = att.setdefault("tk", {})
+    tk["loaded"] = vsa_tk.load_block_sparse_fwd() is not None
+    tk["load_error"] = vsa_tk.load_error()
+    if tk["loaded"]:
+        try:
+            tk["first_call_s"] = first_call_s(lambda: vsa_tk.vsa_attention_tk(q, k, v, g, plan))
+            out_tk = vsa_tk.vsa_attention_tk(q, k, v, g, plan)
+            tk["finite"] = bool(torch.isfinite(out_tk).all())
+            tk["check_max_abs_err"] = max((out_tk[0, :, h].float() - r.float()).abs().max().item()
+                                          for h, r in ref.items())
+            tk["max_abs_diff_vs_flex"] = (out_tk.float() - out.float()).abs().max().item()
+            tk["mean_abs_diff_vs_flex"] = (out_tk.float() - out.float()).abs().mean().item()
+            del out_tk
+        except Exception:  # noqa: BLE001 - a kernel that refuses the geometry is a result
+            tk["error"] = traceback.format_exc()[-2000:]
+            tk["loaded"] = False
+            print(tk["error"], flush=True)
     del keep_ref, ref
     dump()
 
@@ -215,6 +232,23 @@ def part_attention(res: dict, plan, sweep: bool, dump) -> None:
     att["vsa_speedup_vs_sdpa"] = att["sdpa_ms"] / att["vsa_ms"]
     att["vsa_effective_TFLOPs"] = att["sparse_TFLOP"] / att["vsa_ms"] * 1e3
     dump()
+    if tk["loaded"]:
+        tk["ms"] = time_ms(lambda: vsa_tk.vsa_attention_tk(q, k, v, g, plan), reps=10)
+        tk["speedup_vs_sdpa"] = att["sdpa_ms"] / tk["ms"]
+        tk["speedup_vs_flex"] = att["vsa_ms"] / tk["ms"]
+        tk["effective_TFLOPs"] = att["sparse_TFLOP"] / tk["ms"] * 1e3
+        tk_stages = {"tile_bhsd_and_mean_x3": time_ms(lambda: [vsa_tk.tile_rows_bhsd(t, geo) for t in (q, k, v)])}
+        (qh, _), (kh, _), (vh, _) = (vsa_tk.tile_rows_bhsd(t, geo) for t in (q, k, v))
+        tk_stages["scores_topk_lists"] = time_ms(lambda: vsa_tk.q2k_lists(qm @ km.transpose(-1, -2) / math.sqrt(dim),
+                                                                          plan))
+        idx, num = vsa_tk.q2k_lists(scores, plan)
+        tk_stages["kernel_only"] = time_ms(lambda: vsa_tk.fine_attention_tk(qh, kh, vh, idx, num, plan))
+        tk["stages_ms"] = tk_stages
+        tk["kernel_TFLOPs"] = att["sparse_TFLOP"] / tk_stages["kernel_only"] * 1e3
+        tk["kernel_padded_TFLOPs"] = att["padded_sparse_TFLOP"] / tk_stages["kernel_only"] * 1e3
+        del qh, kh, vh, idx, num
+        print("tk", tk, flush=True)
+        dump()
 
     # Stage breakdown (default kernel options).
     stages = {}
@@ -304,6 +338,38 @@ def _profile_top(fn, path: Path, top: int = 15) -> list[dict]:
     return rows, gemm_us / 1e3, total / 1e3
 
 
+def _with_kernel(choice: str, fn):
+    """fn() with H3BATCH_VSA_KERNEL set to `choice` (vsa_tk's predicate reads it per call)."""
+    before = os.environ.get(vsa_tk.KERNEL_ENV)
+    os.environ[vsa_tk.KERNEL_ENV] = choice
+    try:
+        return fn()
+    finally:
+        if before is None:
+            del os.environ[vsa_tk.KERNEL_ENV]
+        else:
+            os.environ[vsa_tk.KERNEL_ENV] = before
+
+
+def _graph_entry(fn, flops: float) -> dict:
+    """Capture fn() (already warm) in one CUDA graph and time its replays; output checked against an eager call."""
+    eager = fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    entry = {"capture_s": time.perf_counter() - t0}
+    entry["max_abs_vs_eager"] = (static_out.float() - eager.float()).abs().max().item()
+    entry["ms"] = time_ms(graph.replay, reps=10, warmup=2)
+    entry["TFLOPs"] = flops / entry["ms"] / 1e9
+    del graph, static_out, eager
+    torch.cuda.empty_cache()
+    return entry
+
+
 def _with_eager_glue(native, fn):
     """fn() with h3batch.worker.h3.model's fused QK-norm + RoPE and SwiGLU ops forced onto their eager torch paths."""
     fused_ops = native.qk_norm_rope, native.swiglu
@@ -355,8 +421,8 @@ def part_glue(res: dict, rows: int, dump) -> None:
     dump()
 
 
-def part_block(res: dict, layout, plan, out_dir: Path, dump) -> None:
-    """(a) diffusers eager dense, (b) native dense, (c) native VSA 0.8 + kernels/ modulation; memory; profile."""
+def part_block(res: dict, layout, plan, out_dir: Path, dump, with_c0: bool = False) -> None:
+    """(a) diffusers eager dense, (b) native dense, (c) native VSA 0.8 (shipped dispatch), (c-flex), graph replays."""
     from h3batch.worker.h3 import model as native
     from h3batch.worker.h3.config import H3Config
 
@@ -433,40 +499,55 @@ def part_block(res: dict, layout, plan, out_dir: Path, dump) -> None:
             blk["a_output_rms"] = dout.float().pow(2).mean().sqrt().item()
             del nout, dout
 
-    # (c) native VSA 0.8: the DiT's AttentionCore sends CUDA tensors to vsa_cuda.vsa_attention_cuda itself.
-    blk["vsa_dispatch"] = "AttentionCore routes CUDA tensors to vsa_cuda.vsa_attention_cuda"
+    # (c) native VSA 0.8 on the shipped dispatch (vsa.vsa_attention: the compiled sm_90a kernel where it loads, see
+    # worker/h3/vsa_tk.py), (c-flex) the same block with H3BATCH_VSA_KERNEL=flex; then each replayed from a CUDA graph
+    # captured once per geometry (plan, RoPE and AdaLN tables are static inputs), which removes the launch gaps.
+    blk["vsa_kernel_c"] = "tk" if vsa_tk.load_block_sparse_fwd() is not None else (
+        f"flex (compiled kernel did not load: {vsa_tk.load_error()})")
+
+    def run_c():
+        return nblock(x, temb, adaln_rows, rope, plan)
+
+    def run_flex():
+        return _with_kernel("flex", run_c)
+
     with torch.no_grad():
-        record("c_native_vsa", lambda: nblock(x, temb, adaln_rows, rope, plan), lin_gated + att_sparse)
-        top, gemm_ms, total_ms = _profile_top(lambda: nblock(x, temb, adaln_rows, rope, plan),
-                                              out_dir / "profile_c.txt")
-        blk["c_profile_top"] = top
-        blk["c_profile_gemm_ms"] = gemm_ms
-        blk["c_profile_total_kernel_ms"] = total_ms
-        blk["c_in_block_linear_TFLOPs"] = lin_gated / gemm_ms / 1e9 if gemm_ms else None
-        dump()
+        for name, fn in (("c_native_vsa", run_c), ("c_flex", run_flex)):
+            record(name, fn, lin_gated + att_sparse)
+            top, gemm_ms, total_ms = _profile_top(fn, out_dir / f"profile_{name}.txt")
+            blk[f"{name}_profile_top"] = top
+            blk[f"{name}_profile_gemm_ms"] = gemm_ms
+            blk[f"{name}_profile_total_kernel_ms"] = total_ms
+            blk[f"{name}_launch_gap_ms"] = blk[name]["ms"] - total_ms  # wall minus summed kernel time
+            blk[f"{name}_in_block_linear_TFLOPs"] = lin_gated / gemm_ms / 1e9 if gemm_ms else None
+            dump()
+        blk["c_profile_total_kernel_ms"] = blk["c_native_vsa_profile_total_kernel_ms"]
+        blk["c_speedup_vs_c_flex"] = blk["c_flex"]["ms"] / blk["c_native_vsa"]["ms"]
+        eager_out = run_c()
+        flex_out = run_flex()
+        blk["c_vs_c_flex_max_abs"] = (eager_out.float() - flex_out.float()).abs().max().item()
+        del flex_out
+        for name, base, fn in (("c_graph", "c_native_vsa", run_c), ("c_flex_graph", "c_flex", run_flex)):
+            try:
+                blk[name] = _graph_entry(fn, lin_gated + att_sparse)
+                blk[name]["speedup_vs_eager"] = blk[base]["ms"] / blk[name]["ms"]
+                blk[name]["gap_removed_ms"] = blk[base]["ms"] - blk[name]["ms"]
+            except Exception:  # noqa: BLE001 - a capture failure is a result
+                blk[name] = {"error": traceback.format_exc()[-2000:]}
+            print(name, blk[name], flush=True)
+            dump()
+        del eager_out
         top_b, gemm_b, total_b = _profile_top(lambda: nblock(x, temb, adaln_rows, rope), out_dir / "profile_b.txt")
         blk["b_profile_top"] = top_b
         blk["b_profile_gemm_ms"] = gemm_b
 
-    # (c0): block (c) of the earlier runs, i.e. QK-norm, RoPE and SwiGLU back on eager torch (modulation stays
-    # Triton). The model imports the two ops by name, so the bench swaps those names for the run.
-    def run_c0():
-        return _with_eager_glue(native, lambda: nblock(x, temb, adaln_rows, rope, plan))
+    if with_c0:  # (c0): QK-norm, RoPE and SwiGLU forced back to eager torch (the block (c) of the first runs)
+        def run_c0():
+            return _with_eager_glue(native, run_c)
 
-    with torch.no_grad():
-        record("c0_native_vsa_eager_glue", run_c0, lin_gated + att_sparse)
-        top_c0, _, total_c0 = _profile_top(run_c0, out_dir / "profile_c0.txt")
-        blk["c0_profile_top"] = top_c0
-        blk["c0_profile_total_kernel_ms"] = total_c0
-        dump()
-    with torch.no_grad():  # how far the fused ops move the block's output (bf16 noise expected, not exact)
-        eager_out = run_c0()
-        fused_out = nblock(x, temb, adaln_rows, rope, plan)
-        diff = (fused_out.float() - eager_out.float()).abs()
-        blk["c_vs_c0_max_abs"], blk["c_vs_c0_mean_abs"] = diff.max().item(), diff.mean().item()
-        blk["c_vs_c0_differing_fraction"] = (fused_out != eager_out).float().mean().item()
-        del fused_out, eager_out, diff
-    blk["c_speedup_vs_c0"] = blk["c0_native_vsa_eager_glue"]["ms"] / blk["c_native_vsa"]["ms"]
+        with torch.no_grad():
+            record("c0_native_vsa_eager_glue", run_c0, lin_gated + att_sparse)
+        blk["c_speedup_vs_c0"] = blk["c0_native_vsa_eager_glue"]["ms"] / blk["c_native_vsa"]["ms"]
 
     a_ms = blk.get("a_diffusers_dense", {}).get("ms")
     c_ms = blk["c_native_vsa"]["ms"]
@@ -480,6 +561,9 @@ def part_block(res: dict, layout, plan, out_dir: Path, dump) -> None:
         per_gpu[str(n)] = {"block_ms": c_ms / n + comm_ms, "dit_s": STEPS * BLOCKS * (c_ms / n + comm_ms) / 1e3,
                            "all_to_all_ms_per_block": comm_ms}
     blk["estimate_8x50"] = per_gpu
+    blk["denoise_8x50_1gpu_s"] = {name: STEPS * BLOCKS * blk[name]["ms"] / 1e3
+                                  for name in ("c_native_vsa", "c_flex", "c_graph", "c_flex_graph")
+                                  if "ms" in blk.get(name, {})}
     if a_ms:
         blk["estimate_8x50_diffusers_1gpu_s"] = STEPS * BLOCKS * a_ms / 1e3
     dump()
@@ -487,35 +571,42 @@ def part_block(res: dict, layout, plan, out_dir: Path, dump) -> None:
 
 def print_table(res: dict) -> None:
     att, blk = res.get("attention", {}), res.get("block", {})
+    tk = att.get("tk", {})
+    nan = float("nan")
     print("\n==== DiT block, S = %s, %s ====" % (att.get("rows"), res.get("env", {}).get("gpu")))
     print("matmul 8192^3: %.0f TFLOP/s; block GEMMs standalone: %.0f TFLOP/s (%.0f%% of it)" % (
-        res.get("matmul_8192_TFLOPs", float("nan")), res.get("gemms_TFLOPs", float("nan")),
-        100 * res.get("gemms_fraction_of_peak", float("nan"))))
-    print("%-28s %10s %10s %10s %12s" % ("case", "ms", "TFLOP/s", "first s", "peak GiB"))
-    for name in ("a_diffusers_dense", "b_native_dense", "c0_native_vsa_eager_glue", "c_native_vsa"):
-        e = blk.get(name, {})
-        print("%-28s %10.2f %10.0f %10.1f %12.1f" % (name, e.get("ms", float("nan")), e.get("TFLOPs", float("nan")),
-                                                    e.get("first_call_s", float("nan")),
-                                                    e.get("peak_memory_GiB", float("nan"))))
-    nan = float("nan")
-    print("%-28s %10.2f %10.0f" % ("d_sdpa_dense", att.get("sdpa_ms", nan), att.get("sdpa_TFLOPs", nan)))
-    print("%-28s %10.2f %10.0f %10.1f" % ("d_vsa_0.8", att.get("vsa_ms", nan), att.get("vsa_effective_TFLOPs", nan),
-                                           att.get("first_call_s", nan)))
-    print("VSA speed-up vs SDPA %.2fx; (c) vs (a) %.2fx; check err %.3g; stages %s" % (
-        att.get("vsa_speedup_vs_sdpa", float("nan")), blk.get("c_speedup_vs_a", float("nan")) or float("nan"),
-        att.get("check_max_abs_err", float("nan")), att.get("stages_ms")))
+        res.get("matmul_8192_TFLOPs", nan), res.get("gemms_TFLOPs", nan), 100 * res.get("gemms_fraction_of_peak", nan)))
+    print("(c) uses: %s" % blk.get("vsa_kernel_c"))
+    a_ms = blk.get("a_diffusers_dense", {}).get("ms", nan)
+    print("%-28s %10s %10s %10s %12s %10s" % ("case", "ms", "TFLOP/s", "first s", "peak GiB", "vs (a)"))
+    for name in ("a_diffusers_dense", "b_native_dense", "c0_native_vsa_eager_glue", "c_native_vsa", "c_flex",
+                 "c_graph", "c_flex_graph"):
+        e = blk.get(name)
+        if not e:
+            continue
+        print("%-28s %10.2f %10.0f %10.1f %12.1f %9.2fx" % (
+            name, e.get("ms", nan), e.get("TFLOPs", nan), e.get("first_call_s", e.get("capture_s", nan)),
+            e.get("peak_memory_GiB", nan), a_ms / e.get("ms", nan)))
+    sdpa = att.get("sdpa_ms", nan)
+    print("%-28s %10.2f %10.0f" % ("d_sdpa_dense", sdpa, att.get("sdpa_TFLOPs", nan)))
+    for name, ms, tf, first, err in (
+            ("d_vsa_flex_0.8", att.get("vsa_ms", nan), att.get("vsa_effective_TFLOPs", nan),
+             att.get("first_call_s", nan), att.get("check_max_abs_err", nan)),
+            ("d_vsa_tk_0.8", tk.get("ms", nan), tk.get("effective_TFLOPs", nan), tk.get("first_call_s", nan),
+             tk.get("check_max_abs_err", nan))):
+        print("%-28s %10.2f %10.0f %10.1f   %.2fx vs SDPA, check err %.3g" % (name, ms, tf, first, sdpa / ms, err))
+    print("kernel alone: flex %.2f ms (%.0f TFLOP/s), tk %.2f ms (%.0f TFLOP/s); tk load: %s" % (
+        att.get("stages_ms", {}).get("flex_kernel_only", nan), att.get("flex_kernel_TFLOPs", nan),
+        tk.get("stages_ms", {}).get("kernel_only", nan), tk.get("kernel_TFLOPs", nan),
+        "ok" if tk.get("loaded") else tk.get("load_error") or tk.get("error", "")[-300:]))
+    for name in ("c_native_vsa", "c_flex"):
+        if f"{name}_launch_gap_ms" in blk:
+            print("%s: kernels %.2f ms, launch gaps %.2f ms" % (name, blk[f"{name}_profile_total_kernel_ms"],
+                                                               blk[f"{name}_launch_gap_ms"]))
     if "c_speedup_vs_c0" in blk:
-        print("(c) fused glue vs (c0) eager glue: %.2fx; outputs differ on %.2e of elements, max abs %.3g" % (
-            blk["c_speedup_vs_c0"], blk.get("c_vs_c0_differing_fraction", nan), blk.get("c_vs_c0_max_abs", nan)))
-    glue = res.get("glue", {})
-    if glue:
-        print("glue ops (ms eager -> fused): qk_norm_rope %.2f -> %.2f, swiglu %.2f -> %.2f; differ %s / %s" % (
-            glue.get("qk_norm_rope_torch_ms", nan), glue.get("qk_norm_rope_triton_ms", nan),
-            glue.get("swiglu_torch_ms", nan), glue.get("swiglu_triton_ms", nan),
-            glue.get("qk_norm_rope_differing_fraction"), glue.get("swiglu_differing_fraction")))
-    if "estimate_8x50" in blk:
-        seconds = {k: round(v["dit_s"], 2) for k, v in blk["estimate_8x50"].items()}
-        print("8 steps x 50 blocks:", seconds, "s per GPU count")
+        print("(c) fused glue vs (c0) eager glue: %.2fx" % blk["c_speedup_vs_c0"])
+    if "denoise_8x50_1gpu_s" in blk:
+        print("denoise 8 steps x 50 blocks, 1 GPU:", {k: round(v, 2) for k, v in blk["denoise_8x50_1gpu_s"].items()})
 
 
 def main(argv=None) -> int:
@@ -523,6 +614,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     parser.add_argument("--parts", default="peak,attention,block,glue")
     parser.add_argument("--sweep", action="store_true", help="time alternative FlexAttention kernel options")
+    parser.add_argument("--c0", action="store_true", help="also time block (c0): QK-norm, RoPE, SwiGLU on eager torch")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench/dit_block.py: needs a CUDA GPU (none visible)", file=sys.stderr)
@@ -540,7 +632,7 @@ def main(argv=None) -> int:
     parts = args.parts.split(",")
     for part, fn in (("peak", lambda: part_peak(res, layout.sequence_length)),
                      ("attention", lambda: part_attention(res, plan, args.sweep, dump)),
-                     ("block", lambda: part_block(res, layout, plan, args.out, dump)),
+                     ("block", lambda: part_block(res, layout, plan, args.out, dump, args.c0)),
                      ("glue", lambda: part_glue(res, layout.sequence_length, dump))):
         if part not in parts:
             continue

@@ -182,6 +182,12 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "fused-op backend when a call leaves it open: `triton` or `torch`"),
     ("H3BATCH_MODULATION_PRECISION", "modulation_precision", "(auto)", _choice("generic", "sm90_bf16_affine"),
      "kernels", "rounding of the fused modulation ops: `generic` or `sm90_bf16_affine` (Hopper)"),
+    # sparse attention (worker/h3/vsa_tk.py)
+    ("H3BATCH_VSA_KERNEL", "vsa_kernel", "auto", _choice("auto", "flex", "tk"), "worker",
+     "VSA on CUDA: `auto` (fastvideo-kernel's sm_90a kernel where it loads, else FlexAttention), `flex`, or `tk` "
+     "(the kernel or an error)"),
+    ("H3BATCH_VSA_PRELOAD", "vsa_preload", "(unset)", _text, "worker",
+     "colon-separated shared libraries loaded RTLD_GLOBAL before the VSA kernel extension (docs/benchmarks.md)"),
     # load runner
     ("H3BATCH_SWEEP_RESULTS_DIR", "sweep_results_dir", "./sweep-results", _path, "loadrunner",
      "per-sweep directories: point reports, summary JSON/CSV, PNG plots"),
@@ -243,6 +249,8 @@ class Settings:
     webhook_timeout_s: float = 10.0
     kernel_backend: str | None = None
     modulation_precision: str | None = None
+    vsa_kernel: str = "auto"
+    vsa_preload: str | None = None
     sweep_results_dir: Path = Path("./sweep-results")
     sweep_queue: str = "loadrunner"
     sweep_schedule: str = ""

@@ -138,8 +138,8 @@ class AdaLNProjection(nn.Module):
 class AttentionCore(nn.Module):
     """softmax(q·kᵀ/√d)·v over the rows it is given: dense SDPA, or VSA-H3 when a plan is passed. No parameters.
 
-    With a plan, CUDA tensors take the block-sparse FlexAttention path (worker/h3/vsa_cuda.py) and all others the
-    dense-mask reference (worker/h3/vsa.py); neither ever falls back to dense attention.
+    With a plan, CUDA tensors take worker/h3/vsa_tk.py (the sm_90a kernel, else FlexAttention in vsa_cuda.py) and all
+    others the dense-mask reference (worker/h3/vsa.py); neither ever falls back to dense attention.
 
     Its own module so a parallel plan can swap it after construction (worker/h3/parallel.py wraps it in the Ulysses
     all-to-all); the projections around it never change.
@@ -161,11 +161,12 @@ class AttentionCore(nn.Module):
             return F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=1.0 / math.sqrt(self.head_dim)
             ).transpose(1, 2)  # [B, S, heads, hd]
-        # VSA imports are lazy so the dense model needs neither; vsa_cuda compiles FlexAttention on first use.
+        # VSA imports are lazy so the dense model needs neither. CUDA: the compiled sm_90a kernel where it loads
+        # (vsa_tk.use_tk decides), else block-sparse FlexAttention (vsa_cuda, compiled on first use).
         if q.is_cuda:
-            from h3batch.worker.h3.vsa_cuda import vsa_attention_cuda
+            from h3batch.worker.h3.vsa_tk import vsa_attention_fast
 
-            return vsa_attention_cuda(q, k, v, gate, vsa_plan)  # [B, S, heads, hd]
+            return vsa_attention_fast(q, k, v, gate, vsa_plan)  # [B, S, heads, hd]
         from h3batch.worker.h3.vsa import vsa_attention_reference
 
         return vsa_attention_reference(q, k, v, gate, vsa_plan)  # [B, S, heads, hd]
