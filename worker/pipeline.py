@@ -9,7 +9,7 @@ Data flow of `Pipeline.render` (spec h3-model.md §1.2):
     frames + waveform ──PyAV──▶ MP4 (H.264 24 fps + AAC stereo 32 kHz), written atomically
 
 `Pipeline.load` does every check a worker must pass before it takes a job: the release contract, the pinned base-VAE
-fetch and a strict weight load. The job service (worker/tasks.py) owns one instance per worker process.
+fetch and a strict weight load. The job service (worker/resident.py) keeps one instance per worker process.
 `render` is `denoise` (text encode + 8 steps) then `write` (decode + mux): a sequence-parallel rank group
 (worker/rank_group.py) runs `denoise` on every rank and `write` on rank 0 only.
 """

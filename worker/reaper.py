@@ -1,7 +1,10 @@
 """The reaper: puts back in line every job that lost its worker or its Celery message (spec §4 "reconciler").
 
-Run by every worker's heartbeat thread (worker/tasks.py `Heartbeat.reconcile`), one worker per interval under the
-`h3b:reconcile` lock; its first pass runs one heartbeat period after the worker starts. Two cases:
+Failure handled: work that nobody will do, a running job whose worker is gone (lease lapsed) or a queued job whose
+broker message is lost. It never looks at workers themselves (worker/heartbeat.py, worker/watchdog.py do).
+
+Run by every worker's heartbeat thread (worker/heartbeat.py `Heartbeat.resend_lost_jobs`), one worker per interval
+under the `h3b:reconcile` lock; its first pass runs one heartbeat period after the worker starts. Two cases:
 
 1. Orphaned running job: `in_progress` in the record, no lease (its worker died, or lost Redis, longer than the
    lease TTL). The job goes back to `queued` (compare-and-set on the attempt seen, so a worker that re-claimed it

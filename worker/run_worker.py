@@ -47,13 +47,13 @@ def main(argv: list[str]) -> int:
     # Progress bars of model downloads/loads are noise between structured log lines.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TQDM_DISABLE", "1")
-    from h3batch.worker import tasks  # noqa: PLC0415  (imports torch via the pipeline on load)
+    from h3batch.worker.resident import load_resident, mark_ready, shutdown_resident  # noqa: PLC0415  (torch on load)
 
     # Until Celery installs its own handlers, SIGTERM/SIGINT must still run the cleanup below (heartbeat key).
     signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         try:
-            tasks.load_resident(settings, ready=False)
+            load_resident(settings, ready=False)
         except ValueError as exc:  # the pipeline's contract check: one line naming the field
             print(f"h3batch worker: H3BATCH_RELEASE {str(settings.release_dir)!r}: {exc}", file=sys.stderr)
             return 2
@@ -67,12 +67,12 @@ def main(argv: list[str]) -> int:
         from h3batch.core.celery_app import make_celery  # noqa: PLC0415
 
         # READY in the heartbeat (what /readyz counts) only once the consumer is actually taking messages.
-        worker_ready.connect(lambda **_: tasks.mark_ready(), weak=False)
+        worker_ready.connect(lambda **_: mark_ready(), weak=False)
         celery = make_celery(settings.redis_url, max_run_s=settings.max_run_s, include_tasks=True)
         queues = ",".join(q.strip() for q in args.queues.split(",") if q.strip())
-        resident = tasks.load_resident(settings)  # already loaded above: the same object
-        watchdog.start(resident.r, settings.worker_name, queues.split(","),
-                       lambda: resident.heartbeat.state == "BUSY", stall_watch)
+        resident = load_resident(settings)  # already loaded above: the same object
+        watchdog.start(resident.r, settings.worker_name, queues.split(","), lambda: resident.heartbeat.state,
+                       stall_watch)
         log.info("worker starting consumer queues=%s name=%s", queues, settings.worker_name)
         celery.worker_main(["--quiet", "worker", "--pool", "solo", "--concurrency", "1", "--queues", queues,
                             "--hostname", f"{settings.worker_name}@h3batch", "--loglevel", settings.log_level,
@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
-        tasks.shutdown_resident()
+        shutdown_resident()
         log.info("worker stopped", extra={"worker": settings.worker_name})
     return 0
 

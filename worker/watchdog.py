@@ -1,12 +1,15 @@
 """Consumer watchdog: a worker that is idle while render messages wait for longer than H3BATCH_STALL_S exits, so its
 supervisor (compose `restart: unless-stopped`, systemd, the test harness) starts a fresh one.
 
+Failure handled: a live worker whose Celery consumer died (heartbeat fine, nothing taken from the broker). Dead
+workers are the heartbeat's and the reaper's business (worker/heartbeat.py, worker/reaper.py), not this module's.
+
 This is the known Celery + Redis failure mode of spec §3 pitfall 6: after a broker restart the worker reconnects,
 its heartbeat thread keeps beating, yet the consumer takes nothing (celery#8030, #8091, #9054). The heartbeat alone
 cannot see that, and Docker does not restart an `unhealthy` container by itself, so the watchdog ends the process.
 
 Stalled means, at every check during the last `stall_s` seconds: the broker list of a consumed queue held messages,
-this worker was not rendering (heartbeat state READY), and no task started in this process (Celery's `task_prerun`
+this worker was not rendering (heartbeat state not BUSY), and no task started in this process (Celery's `task_prerun`
 signal, which also fires for deliveries that are skipped as stale). Redis errors reset nothing and decide nothing:
 while Redis is down there is no way to tell, and the consumer's own reconnect logic is still running.
 """
@@ -24,6 +27,7 @@ import redis
 from h3batch.core import keys
 from h3batch.core.exceptions import ConfigError
 from h3batch.worker import reaper
+from h3batch.worker.heartbeat import WorkerState
 
 log = logging.getLogger("h3batch.worker")
 
@@ -58,10 +62,10 @@ class WatchdogConfig:
 class Watchdog(threading.Thread):
     """Checks once per `check_every_s`; calls `on_stall` (default: exit the process) when stalled."""
 
-    def __init__(self, r: redis.Redis, worker_name: str, queues: list[str], busy: Callable[[], bool],
+    def __init__(self, r: redis.Redis, worker_name: str, queues: list[str], state: Callable[[], WorkerState],
                  config: WatchdogConfig, on_stall: Callable[[float], None] | None = None):
         super().__init__(name="h3batch-watchdog", daemon=True)
-        self.r, self.worker_name, self.queues, self.busy, self.config = r, worker_name, queues, busy, config
+        self.r, self.worker_name, self.queues, self.state, self.config = r, worker_name, queues, state, config
         self.on_stall = on_stall or self._exit
         self.last_task_started = time.monotonic()
         self._armed = threading.Event()  # set once the consumer is up (Celery worker_ready): start-up is not a stall
@@ -89,7 +93,7 @@ class Watchdog(threading.Thread):
                 waiting = sum(reaper.ready_depth(self.r, q) for q in self.queues)
             except redis.exceptions.RedisError:
                 continue  # cannot tell while Redis is away
-            if waiting == 0 or self.busy():
+            if waiting == 0 or self.state() is WorkerState.BUSY:
                 stalled_since = None
                 continue
             stalled_since = stalled_since if stalled_since is not None else now
@@ -109,16 +113,19 @@ class Watchdog(threading.Thread):
         os._exit(EXIT_STALLED)  # the consumer is wedged: a clean Celery shutdown could wedge too
 
 
-def start(r: redis.Redis, worker_name: str, queues: list[str], busy: Callable[[], bool],
+def start(r: redis.Redis, worker_name: str, queues: list[str], state: Callable[[], WorkerState],
           config: WatchdogConfig | None = None) -> Watchdog | None:
-    """Start the watchdog for a consuming worker and hook it to Celery's task_prerun; None when turned off."""
+    """Start the watchdog for a consuming worker and hook it to Celery's task_prerun; None when turned off.
+
+    `state` reads the worker's heartbeat state; a BUSY worker is rendering, never stalled.
+    """
     config = config or WatchdogConfig.from_env()
     if config.stall_s == 0:
         log.warning("watchdog off (H3BATCH_STALL_S=0): a consumer that stops taking messages is not restarted")
         return None
     from celery.signals import task_prerun, worker_ready  # noqa: PLC0415
 
-    dog = Watchdog(r, worker_name, queues, busy, config)
+    dog = Watchdog(r, worker_name, queues, state, config)
     task_prerun.connect(dog.task_started, weak=False)
     worker_ready.connect(dog.arm, weak=False)
     dog.start()

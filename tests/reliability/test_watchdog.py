@@ -8,9 +8,11 @@ import subprocess
 import time
 
 import pytest
+import redis as redis_lib
 
 from h3batch.core.celery_app import make_celery
-from h3batch.worker.watchdog import EXIT_STALLED
+from h3batch.worker.heartbeat import WorkerState
+from h3batch.worker.watchdog import EXIT_STALLED, Watchdog, WatchdogConfig
 
 from .conftest import H3BATCH, REPO, post_job, wait_all_finished
 
@@ -71,3 +73,26 @@ def test_bad_reliability_settings_exit_2_with_one_line(tmp_path, command, variab
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert variable in lines[0] and value in lines[0] and "expected" in lines[0]
+
+
+@pytest.mark.parametrize("state, fires", [(WorkerState.READY, True), (WorkerState.BUSY, False)])
+def test_the_watchdog_fires_on_a_waiting_message_only_when_the_worker_is_not_busy(redis_url, state, fires):
+    """In-process, against real Redis: one message waits in the broker list; the watchdog calls `on_stall` within
+    the stall limit while the heartbeat state is READY, and never while it is BUSY."""
+    r = redis_lib.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/4", decode_responses=True)
+    r.flushdb()
+    stalls: list[float] = []
+    dog = Watchdog(r, "dog-test", ["render"], lambda: state, WatchdogConfig(stall_s=0.3, check_every_s=0.05),
+                   on_stall=stalls.append)
+    try:
+        r.rpush("render", "a message nobody takes")
+        dog.start()
+        dog.arm()
+        time.sleep(1.0)
+    finally:
+        dog.stop()
+        dog.join(timeout=5)
+        r.flushdb()
+        r.close()
+    assert bool(stalls) is fires, stalls
+    assert all(idle >= 0.3 for idle in stalls)

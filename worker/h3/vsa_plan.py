@@ -158,7 +158,7 @@ def _check_plan(plan: VsaPlan, pos_in_tile: torch.Tensor) -> None:
 
 
 def vsa_plan_for_layout(layout, sparsity: float = V2_SPARSITY) -> VsaPlan:
-    """The plan of a `h3batch.worker.h3.packing.PackedLayout` (prefix (L, 2A), its video grid), checked against its S."""
+    """The plan of a `packing.PackedLayout` (prefix (L, 2A), its video grid), checked against its S."""
     plan = build_vsa_plan(tuple(layout.prefix_segments), tuple(layout.video_grid), sparsity)
     if plan.sequence_length != layout.sequence_length:
         raise ValueError(

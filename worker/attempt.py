@@ -1,0 +1,226 @@
+"""One attempt at a render job, as the steps `worker/tasks.py` `run_job` calls: claim, render, publish, finish.
+
+Everything about statuses goes through core/jobs.py: every outcome ends in one `transition`, compare-and-set on this
+attempt's number, and any outcome but `completed` removes the attempt's files (`lease.clean_up`), so a lost race
+leaves nothing behind. The step that fails decides nothing; `run_job` maps the exception to one `finish_*` step.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from h3batch.core import defaults, jobs, lease
+from h3batch.core.exceptions import InvalidRequest, JobError, ReleaseMismatch
+from h3batch.core.jobs import JobStatus, Stage
+from h3batch.worker import job_metadata
+from h3batch.worker.resident import Resident
+
+log = logging.getLogger("h3batch.worker")
+
+VIDEO_NAME = "video.mp4"
+"""File name of a job's MP4 inside `<artifacts>/<job id>/`."""
+
+
+def _progress_at(stage: str, step: int, total: int) -> float:
+    if stage == Stage.DENOISE.value and total > 0:
+        return defaults.PROGRESS_AT_STAGE["denoise"] + defaults.DENOISE_SPAN * step / total
+    return defaults.PROGRESS_AT_STAGE[stage]
+
+
+def _free_accelerator_memory() -> None:
+    """Give cached GPU blocks back after a cancelled or failed render (no-op on CPU)."""
+    import torch  # noqa: PLC0415
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass
+class Attempt:
+    """A job this worker holds the lease of: its record as claimed, where its files go, how far it got."""
+
+    res: Resident
+    job_id: str
+    record: dict[str, Any]  # the job record as `claim_job` returned it
+    holder: str  # lease holder `worker:attempt`
+    job_dir: Path
+    stage: str = Stage.TEXT_ENCODE.value
+    progress: float = 0.0
+    meta: dict[str, Any] | None = None  # job metadata (set by `render`, stored on completion)
+
+    @property
+    def number(self) -> int:
+        return self.record["attempt"]
+
+    @property
+    def log_extra(self) -> dict[str, str]:
+        return {"job_id": self.job_id}
+
+    # 1. Claim ---------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def claim(cls, res: Resident, job_id: str) -> Attempt | None:
+        """Take the job (`queued` → `in_progress`, attempt + 1, lease); None when it is gone, finished or held."""
+        settings, r = res.settings, res.r
+        claimed = jobs.claim_job(r, job_id, settings.worker_name, release_id=res.pipeline.release_id,
+                                 record_ttl_s=settings.result_ttl_s + defaults.RECORD_GRACE_S,
+                                 lease_ttl_ms=int(settings.lease_ttl_s * 1000))
+        if claimed is None:
+            log.info("skipped: job is gone, finished or held by another worker", extra={"job_id": job_id})
+            return None
+        record, holder = claimed
+        att = cls(res=res, job_id=job_id, record=record, holder=holder, job_dir=settings.artifacts_dir / job_id)
+        lease.count(r, job_id, "started")
+        res.heartbeat.set_busy(job_id, holder)
+        if lease.remove_stale_attempts(att.job_dir, att.number):
+            log.info("removed partial files of an earlier attempt", extra=att.log_extra)
+        log.info("render started attempt=%d", att.number, extra=att.log_extra)
+        return att
+
+    # 2. Render, with progress and cancel checks -------------------------------------------------------------------
+
+    def render(self) -> Any:
+        """Check the job against this worker, render it into the attempt's file; returns the `RenderResult`.
+
+        Raises ReleaseMismatch / InvalidRequest (refusals), RenderCancelled or LeaseLost (stopped), or what the
+        pipeline raised.
+        """
+        from h3batch.worker.pipeline import RenderRequest  # noqa: PLC0415  (torch)
+
+        record, pipeline, settings = self.record, self.res.pipeline, self.res.settings
+        wanted = record.get("release")
+        if wanted and wanted != pipeline.release_id:
+            raise ReleaseMismatch(f"release: this worker serves {pipeline.release_id!r}, the job asks for "
+                                  f"{wanted!r}")
+        self.meta = job_metadata.for_job(record, release_id=pipeline.release_id,
+                                         contract_hash=getattr(pipeline, "contract_hash", ""),
+                                         device=str(getattr(pipeline, "device", "") or settings.device or "") or None,
+                                         ranks=int(getattr(pipeline, "ranks", 1)))
+        request = RenderRequest(prompt=record["prompt"], seconds=record["seconds"], width=record["width"],
+                                height=record["height"], seed=record["seed"],
+                                metadata=job_metadata.mp4_tags(self.meta))
+        try:
+            pipeline.validate(request)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        self.job_dir.mkdir(parents=True, exist_ok=True)
+        return pipeline.render(request, lease.attempt_path(self.job_dir, self.number),
+                               on_progress=self.on_progress, should_cancel=self.should_cancel)
+
+    def on_progress(self, stage: str, step: int, total: int) -> None:
+        """Pipeline callback at every stage and denoise step: record stage, step and progress (never backwards)."""
+        self.progress = max(self.progress, _progress_at(stage, step, total))
+        self.stage = stage
+        fields: dict[str, Any] = {"stage": stage, "progress": round(self.progress, 4)}
+        if stage == Stage.DENOISE.value:
+            fields["step"] = step
+        elif stage in (Stage.DECODE.value, Stage.MUX.value):
+            fields["step"] = self.record["total_steps"]
+        jobs.update_progress(self.res.r, self.job_id, self.number, fields)
+        if self.res.settings.debug_step_delay_s:
+            time.sleep(self.res.settings.debug_step_delay_s)
+
+    def should_cancel(self) -> bool:
+        """Pipeline callback at step boundaries; also stops an attempt that lost its lease (re-claimed elsewhere)."""
+        r = self.res.r
+        return jobs.cancel_requested(r, self.job_id) or not lease.still_owner(r, self.job_id, self.holder,
+                                                                                self.number)
+
+    # 3. Publish ---------------------------------------------------------------------------------------------------
+
+    def publish(self, result: Any) -> dict[str, Any]:
+        """Move the rendered file to `<job>/video.mp4` while still the lease holder; returns its record fields."""
+        r = self.res.r
+        lease.count(r, self.job_id, "rendered")
+        jobs.update_progress(r, self.job_id, self.number, {"stage": Stage.FINALIZE, "progress": 0.98})
+        t0 = time.perf_counter()
+        sha256, size = _sha256(result.path), result.path.stat().st_size
+        lease.publish(r, self.job_id, self.holder, self.number, result.path, self.job_dir / VIDEO_NAME)
+        timings = {**{k: round(float(v), 6) for k, v in result.timings.items()},
+                   "finalize": round(time.perf_counter() - t0, 6)}
+        return {"artifact": f"{self.job_id}/{VIDEO_NAME}", "sha256": sha256, "size_bytes": size, "timings": timings}
+
+    # 4. Finish: one transition per outcome ------------------------------------------------------------------------
+
+    def finish(self, to: JobStatus, fields: dict[str, Any]) -> dict[str, Any] | None:
+        """`in_progress` → `to` for this attempt only; unless completed, the attempt's files go too."""
+        record_ttl = self.res.settings.result_ttl_s + defaults.RECORD_GRACE_S
+        done = jobs.transition(self.res.r, self.job_id, to, expect={JobStatus.IN_PROGRESS},
+                               expect_attempt=self.number, fields=fields, record_ttl_s=record_ttl)
+        if done is None or to is not JobStatus.COMPLETED:  # deleted, cancelled, failed or superseded
+            lease.clean_up(self.res.r, self.job_id, self.number, self.job_dir)
+        return done
+
+    def finish_completed(self, result: Any, published: dict[str, Any]) -> None:
+        now = time.time()
+        done = self.finish(JobStatus.COMPLETED, {
+            "stage": Stage.FINALIZE, "progress": 1.0, "step": self.record["total_steps"], **published,
+            "tokens": dict(result.tokens), "frames": result.frames, "finished_at": now, "metadata": self.meta,
+            "expires_at": now + self.res.settings.result_ttl_s})
+        if done is None:  # finish() already removed the files
+            log.info("render finished but the job was deleted or cancelled meanwhile", extra=self.log_extra)
+        else:
+            log.info("render completed frames=%d bytes=%d seconds=%.3f", result.frames, published["size_bytes"],
+                     sum(published["timings"].values()), extra=self.log_extra)
+
+    def finish_cancelled(self) -> None:
+        """Cancel requested, or the lease was lost to another attempt."""
+        self.finish(JobStatus.CANCELLED, {"cancelled_at_stage": self.stage})
+        log.info("render cancelled stage=%s", self.stage, extra=self.log_extra)
+        _free_accelerator_memory()
+
+    def finish_refused(self, exc: JobError) -> None:
+        """The job cannot run here (bad request, other release): fails with the error's code and message."""
+        self.finish(JobStatus.FAILED, {"error": {"code": exc.code, "message": exc.message,
+                                                 "retryable": exc.retryable, "stage": self.stage}})
+        log.info("render refused code=%s message=%s", exc.code, exc.message, extra=self.log_extra)
+
+    def finish_crashed(self, exc: Exception) -> None:
+        """Unexpected error; call inside the `except`: the traceback goes to the log and a private record field."""
+        log.exception("render failed", extra=self.log_extra)
+        self.finish(JobStatus.FAILED, {"error": {"code": "render_error", "retryable": False, "stage": self.stage,
+                                                 "message": f"the render failed at stage {self.stage} "
+                                                            f"({type(exc).__name__})"},
+                                       "traceback": traceback.format_exc()[-8000:]})
+        _free_accelerator_memory()
+
+    def exit_for_restart(self, exc: Exception) -> None:
+        """A rank died or failed: the group refuses further work, so this worker must go. The job stays
+        `in_progress`; its lease lapses and a healthy worker re-runs it (attempt + 1). The supervisor restarts
+        this worker."""
+        log.error("rank group failed error=%s; exiting so the supervisor restarts the worker", exc,
+                  extra=self.log_extra)
+        lease.attempt_path(self.job_dir, self.number).unlink(missing_ok=True)
+        self.res.heartbeat.stop()
+        os._exit(3)
+
+    def leave_to_reaper(self, exc: redis.exceptions.ConnectionError) -> None:
+        """Redis went away mid-render (restart, failover): an infrastructure fault, not the job's. The record stays
+        `in_progress`; once the lease lapses the reaper requeues it (attempt + 1)."""
+        log.warning("lost Redis mid-render error=%s; the job is requeued when its lease lapses",
+                    type(exc).__name__, extra=self.log_extra)
+        lease.attempt_path(self.job_dir, self.number).unlink(missing_ok=True)
+
+    def release(self) -> None:
+        """Always last: drop the lease (if Redis answers) and tell the heartbeat this worker is free."""
+        try:
+            jobs.drop_lease(self.res.r, self.job_id, self.holder)
+        except redis.exceptions.RedisError:
+            pass  # Redis still away: the lease lapses by its TTL
+        self.res.heartbeat.set_ready()

@@ -1,0 +1,108 @@
+"""Worker liveness, seen from outside: the heartbeat thread, the state it announces, and the reaper trigger it carries.
+
+Failure handled: a worker that is gone (killed, frozen, cut off from Redis). Its `h3b:worker:{name}` key (TTL 15 s)
+stops being refreshed, so /readyz stops counting it, and the lease of the job it was rendering stops being renewed,
+so the lease lapses and `resend_lost_jobs` (run by any live worker's heartbeat) puts the job back in line through
+`worker/reaper.py`.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import redis
+
+from h3batch.core import defaults, jobs, keys
+from h3batch.settings import Settings
+from h3batch.worker import reaper
+
+log = logging.getLogger("h3batch.worker")
+
+
+class WorkerState(str, enum.Enum):
+    """The `state` of a worker's heartbeat payload (the strings /readyz and the container health check read)."""
+
+    STARTING = "STARTING"  # model loaded, consumer not taking messages yet (not counted by /readyz)
+    READY = "READY"  # consuming, no job in hand
+    BUSY = "BUSY"  # rendering a job (its lease is renewed with every beat)
+
+
+class Heartbeat(threading.Thread):
+    """Refreshes `h3b:worker:{name}` (TTL 15 s) every 5 s, renews the lease of the job being rendered, and every
+    10 s (one worker at a time, under a Redis lock) runs the reaper (`resend_lost_jobs`)."""
+
+    def __init__(self, r: redis.Redis, name: str, info: dict[str, Any], resend: Callable[[str], None],
+                 settings: Settings, state: WorkerState = WorkerState.READY):
+        super().__init__(name="h3batch-heartbeat", daemon=True)
+        self.r = r
+        self.settings = settings
+        self.worker_name = name
+        self.info = dict(info)
+        self.resend = resend
+        self.state = state
+        self.job_id: str | None = None
+        self.lease_holder: str | None = None
+        self._stop_event = threading.Event()
+        self._lock = threading.Lock()
+
+    def set_busy(self, job_id: str, holder: str) -> None:
+        with self._lock:
+            self.state, self.job_id, self.lease_holder = WorkerState.BUSY, job_id, holder
+        self.beat()
+
+    def set_ready(self) -> None:
+        with self._lock:
+            self.state, self.job_id, self.lease_holder = WorkerState.READY, None, None
+        self.beat()
+
+    def beat(self) -> None:
+        with self._lock:
+            payload = {**self.info, "name": self.worker_name, "state": self.state.value, "job_id": self.job_id,
+                       "ts": time.time(), "pid": os.getpid()}
+            job_id, holder = self.job_id, self.lease_holder
+        try:
+            self.r.set(keys.worker(self.worker_name), json.dumps(payload), ex=defaults.HEARTBEAT_TTL_S)
+            if job_id and holder:
+                jobs.renew_lease(self.r, job_id, holder, int(self.settings.lease_ttl_s * 1000))
+        except redis.exceptions.RedisError as exc:  # Redis blip: the next beat retries; the key's TTL tells readers
+            log.warning("heartbeat failed error=%s", type(exc).__name__)
+
+    def resend_lost_jobs(self) -> list[str]:
+        """One reaper pass, unless another worker ran one within the interval (`h3b:reconcile` lock).
+
+        Running jobs whose lease lapsed go back to `queued` with a new render message (claim_job then re-claims
+        them with attempt + 1); queued jobs whose message was lost get a new one. Returns the ids sent again.
+        """
+        lock_ms = int(self.settings.reconcile_interval_s * 1000)
+        if not self.r.set(keys.RECONCILE_LOCK, self.worker_name, nx=True, px=lock_ms):
+            return []  # another worker ran the reaper within the interval
+        report = reaper.reap(self.r, self.resend, grace_s=max(self.settings.lease_ttl_s, 1.0),
+                             record_ttl_s=self.settings.result_ttl_s + defaults.RECORD_GRACE_S)
+        if report.requeued:
+            log.warning("re-enqueuing job whose worker lost its lease", extra={"job_id": ",".join(report.requeued)})
+        return report.requeued + report.resent
+
+    def run(self) -> None:
+        last_reap = 0.0
+        while not self._stop_event.wait(self.settings.heartbeat_interval_s):
+            self.beat()
+            if time.monotonic() - last_reap >= self.settings.reconcile_interval_s:
+                last_reap = time.monotonic()
+                try:
+                    self.resend_lost_jobs()
+                except Exception:  # never let a reaper error stop the heartbeat; it is retried next interval
+                    log.exception("reaper pass failed")
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout=10)  # a beat in flight must not re-create the key after we delete it
+        try:
+            self.r.delete(keys.worker(self.worker_name))
+        except redis.exceptions.RedisError:
+            pass  # the key expires by itself within HEARTBEAT_TTL_S

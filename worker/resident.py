@@ -1,0 +1,89 @@
+"""What a worker process keeps loaded between jobs: the pipeline, its Redis client and its heartbeat.
+
+The pipeline is loaded once per worker process (by `h3batch worker` before Celery starts consuming, or lazily by the
+first task under a bare `celery worker`), and each load is counted in Redis (`h3b:stats` `model_loads`), so tests can
+prove a second job does not reload weights.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from h3batch.core import defaults, keys
+from h3batch.core.celery_app import make_celery
+from h3batch.settings import Settings
+from h3batch.worker import webhook_delivery
+from h3batch.worker.heartbeat import Heartbeat, WorkerState
+
+log = logging.getLogger("h3batch.worker")
+
+
+@dataclass
+class Resident:
+    """What stays loaded between jobs in one worker process."""
+
+    settings: Settings
+    r: redis.Redis
+    pipeline: Any  # h3batch.worker.pipeline.Pipeline (imported lazily: torch)
+    heartbeat: Heartbeat
+    loaded_at: float = field(default_factory=time.time)
+
+
+_resident: Resident | None = None
+_resident_lock = threading.Lock()
+
+
+def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
+    """Load the pipeline (contract check + base-VAE fetch + weights) once for this process; start the heartbeat.
+
+    `ready=False` keeps the heartbeat in STARTING (not counted by /readyz) until `mark_ready()`, for callers that
+    start consuming only afterwards. Raises ValueError (the pipeline's ContractError) with a one-line message naming
+    the field.
+    """
+    global _resident
+    with _resident_lock:
+        if _resident is not None:
+            return _resident
+        from h3batch.worker.rank_group import RANKS_ENV, load_pipeline, ranks_from_env  # noqa: PLC0415  (torch)
+
+        r = redis.Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=30)
+        started = time.perf_counter()
+        ranks = ranks_from_env({RANKS_ENV: settings.ranks})  # ValueError names H3BATCH_RANKS
+        # ranks = 1: the plain in-process Pipeline; more: a resident rank group (spawned, one GPU each).
+        pipeline = load_pipeline(settings.release_dir, ranks=ranks, device=settings.device,
+                                 hf_cache=settings.hf_cache_dir)
+        load_s = time.perf_counter() - started
+        loads = int(r.hincrby(keys.STATS, "model_loads", 1))
+        sender = make_celery(settings.redis_url, max_run_s=settings.max_run_s)
+
+        def resend(job_id: str) -> None:
+            sender.send_task(defaults.RENDER_TASK, args=[job_id], queue=defaults.RENDER_QUEUE)
+
+        heartbeat = Heartbeat(r, settings.worker_name, {"release_id": pipeline.release_id,
+                                                        "contract_hash": pipeline.contract_hash, "ranks": ranks,
+                                                        "model_loads": 1, "load_s": round(load_s, 3)}, resend,
+                              settings, state=WorkerState.READY if ready else WorkerState.STARTING)
+        heartbeat.beat()
+        heartbeat.start()
+        webhook_delivery.start_dispatcher(r)  # signed POSTs for finished jobs with a webhook_url
+        log.info("model resident release=%s load_s=%.2f total_model_loads=%d", pipeline.release_id, load_s, loads)
+        _resident = Resident(settings=settings, r=r, pipeline=pipeline, heartbeat=heartbeat)
+        return _resident
+
+
+def mark_ready() -> None:
+    """The consumer is taking messages: the heartbeat says READY from now on."""
+    if _resident is not None:
+        _resident.heartbeat.set_ready()
+
+
+def shutdown_resident() -> None:
+    """Stop the heartbeat (its key is deleted so /readyz stops counting this worker at once) and the rank group."""
+    if _resident is not None:
+        _resident.heartbeat.stop()
+        _resident.pipeline.close()  # stops rank processes; a no-op for the in-process pipeline
