@@ -23,8 +23,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from h3batch.worker.serve import LocalStack  # noqa: E402
 
 MODES = {"poll 50 ms": 0.050, "poll 5 ms": 0.005, "wait (long-poll)": None}

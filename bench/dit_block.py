@@ -26,7 +26,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import sys
 import time
 import traceback
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from timing import median_ms as time_ms
 
 from h3batch.core.geometry import RequestGeometry
 from h3batch.worker.h3 import vsa as vsa_module
@@ -55,22 +55,6 @@ SWEEP = [  # H200 runs 2026-12-01 without TMA: stages 2 → 19.8 ms, 4 → 22.8,
 
 
 # Timing --------------------------------------------------------------------------------------------------------------
-
-
-def time_ms(fn, reps: int = 10, warmup: int = 2) -> float:
-    """Median CUDA-event time of fn() in ms, after `warmup` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def first_call_s(fn) -> float:

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -26,13 +25,17 @@ from typing import Callable
 
 import torch
 import triton
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout (no install needed)
+from timing import median_ms
 
 from h3batch import kernels  # noqa: E402
 from h3batch.kernels import gate, gate_rms_norm_scale_shift, rms_norm_scale_shift, scale_shift  # noqa: E402
 from h3batch.kernels.backend import resolve_precision  # noqa: E402
 from h3batch.kernels.launch import block_config  # noqa: E402
+
+
+def time_ms(fn: Callable[[], object], reps: int) -> float:
+    """Median per-call ms over 10 back-to-back calls (the host runs ahead of the GPU as inside the DiT)."""
+    return median_ms(fn, reps, warmup=3, inner=10)
 
 EPS = 1e-6
 
@@ -47,27 +50,6 @@ class Row:
     speedup_vs_eager: float | None
     speedup_vs_compile: float | None
     compile_s: float | None = None
-
-
-def time_ms(fn: Callable[[], object], reps: int, inner: int = 10, warmup: int = 3) -> float:
-    """Median over reps of (CUDA-event time of `inner` back-to-back calls) / inner, after warm-up.
-
-    Back-to-back calls let the host run ahead of the GPU, as it does inside the DiT, so Python dispatch time is
-    hidden unless it exceeds the kernel time.
-    """
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(inner):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / inner)
-    return statistics.median(times)
 
 
 def build_inputs(rows: int, hidden: int, table_rows: int) -> dict:

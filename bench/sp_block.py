@@ -18,13 +18,11 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from timing import times_ms as time_ms
 
 from h3batch.core.geometry import RequestGeometry  # noqa: E402
 from h3batch.worker.h3.config import T2, H3Config  # noqa: E402
@@ -34,29 +32,6 @@ from h3batch.worker.h3.parallel import RowShard, SequenceParallel, parallelize_a
 
 TEXT_ROWS = 128
 WIDTH, HEIGHT, SECONDS = 1344, 768, 4.4
-
-
-def time_ms(fn, reps: int, warmup: int) -> list[float]:
-    """CUDA-event times of fn() in ms (wall clock on CPU), after `warmup` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    if not torch.cuda.is_available():
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t0))
-        return times
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
 
 
 def random_block(config: H3Config, device: torch.device) -> DiTBlock:
