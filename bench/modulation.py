@@ -27,15 +27,16 @@ import torch
 import triton
 from timing import median_ms
 
-from h3batch import kernels  # noqa: E402
-from h3batch.kernels import gate, gate_rms_norm_scale_shift, rms_norm_scale_shift, scale_shift  # noqa: E402
-from h3batch.kernels.backend import resolve_precision  # noqa: E402
-from h3batch.kernels.launch import block_config  # noqa: E402
+from h3batch import kernels
+from h3batch.kernels import gate, gate_rms_norm_scale_shift, rms_norm_scale_shift, scale_shift
+from h3batch.kernels.backend import resolve_precision
+from h3batch.kernels.launch import block_config
 
 
 def time_ms(fn: Callable[[], object], reps: int) -> float:
     """Median per-call ms over 10 back-to-back calls (the host runs ahead of the GPU as inside the DiT)."""
     return median_ms(fn, reps, warmup=3, inner=10)
+
 
 EPS = 1e-6
 
