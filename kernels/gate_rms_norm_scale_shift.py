@@ -14,21 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
+from h3batch.kernels import launch
 from h3batch.kernels.backend import Backend, Precision, resolve_backend, resolve_precision
-from h3batch.kernels.launch import (
-    block_config,
-    check_activation,
-    check_eps,
-    check_indices,
-    check_same_rows,
-    check_table,
-    check_weight,
-    launch_rows,
-    new_rows,
-    rows_of,
-)
+from h3batch.kernels.launch import block_config  # by name: benches and tests patch it per op
 from h3batch.kernels.rms_norm_scale_shift import reference_rms_norm_indexed_scale_shift
-from h3batch.kernels.triton_math import normalize_modulate, program_row, round_to_bf16
+from h3batch.kernels.triton_math import indexed_program_row, normalize_modulate, round_to_bf16, row_start
 
 
 @triton.jit
@@ -44,13 +34,9 @@ def _indexed_gate_rms_norm_scale_shift_kernel(
     indices_ptr,  # table row per sequence position [S], int32 or int64, contiguous
     seq_len,  # S: rows per batch item
     hidden,  # H: columns per row
-    stride_residual_batch,
-    stride_residual_row,
-    stride_branch_batch,
-    stride_branch_row,
-    stride_gate_row,
-    stride_shift_row,
-    stride_scale_row,
+    stride_residual_batch, stride_residual_row,  # residual's strides in elements: batch item, row
+    stride_branch_batch, stride_branch_row,  # branch's strides in elements: batch item, row
+    stride_gate_row, stride_shift_row, stride_scale_row,  # the tables' row strides in elements
     row_offset,  # first row of this launch (row chunking)
     eps,
     SM90_BF16_AFFINE: tl.constexpr,  # spec §5.3 rounding of the normalized part
@@ -59,10 +45,9 @@ def _indexed_gate_rms_norm_scale_shift_kernel(
     BLOCK_SIZE: tl.constexpr,  # columns per chunk (power of two); the row is streamed in chunks
 ):
     # This program owns one row: row = row_offset + program id, i.e. batch item row // S, position row % S.
-    row, batch, position = program_row(row_offset, seq_len)
-    table_row = tl.load(indices_ptr + position).to(tl.int64)
-    residual_row_ptr = residual_ptr + batch * stride_residual_batch + position * stride_residual_row
-    branch_row_ptr = branch_ptr + batch * stride_branch_batch + position * stride_branch_row
+    row, batch, position, table_row = indexed_program_row(row_offset, seq_len, indices_ptr)
+    residual_row_ptr = row_start(residual_ptr, batch, position, stride_residual_batch, stride_residual_row)
+    branch_row_ptr = row_start(branch_ptr, batch, position, stride_branch_batch, stride_branch_row)
     out_row_ptr = residual_out_ptr + row * hidden
 
     # Pass 1: u = residual + gate * branch in the residual's dtype (bf16-rounded for bf16); store it and sum its
@@ -103,17 +88,17 @@ def _indexed_gate_rms_norm_scale_shift_kernel(
 
 
 def _launch(residual, gate, branch, weight, shift, scale, indices, eps, precision):
-    residual_out, modulated = new_rows(residual), new_rows(residual)
-    rows, seq_len, stride_residual_batch, stride_residual_row = rows_of(residual)
-    _, _, stride_branch_batch, stride_branch_row = rows_of(branch)
+    residual_out, modulated = launch.new_rows(residual), launch.new_rows(residual)
+    rows, seq_len, stride_residual_batch, stride_residual_row = launch.rows_of(residual)
+    _, _, stride_branch_batch, stride_branch_row = launch.rows_of(branch)
     hidden = residual.shape[-1]
     block, warps = block_config(hidden)
-    launch_rows(_indexed_gate_rms_norm_scale_shift_kernel, rows, residual.device,
-                residual_out, modulated, residual, gate, branch, weight, shift, scale, indices, seq_len, hidden,
-                stride_residual_batch, stride_residual_row, stride_branch_batch, stride_branch_row,
-                gate.stride(0), shift.stride(0), scale.stride(0), eps=float(eps),
-                SM90_BF16_AFFINE=precision is Precision.SM90_BF16_AFFINE, OUT_BF16=residual.dtype == torch.bfloat16,
-                BLOCK_SIZE=block, num_warps=warps)
+    launch.launch_rows(_indexed_gate_rms_norm_scale_shift_kernel, rows, residual.device,
+                       residual_out, modulated, residual, gate, branch, weight, shift, scale, indices, seq_len, hidden,
+                       stride_residual_batch, stride_residual_row, stride_branch_batch, stride_branch_row,
+                       gate.stride(0), shift.stride(0), scale.stride(0), eps=float(eps),
+                       SM90_BF16_AFFINE=precision is Precision.SM90_BF16_AFFINE,
+                       OUT_BF16=residual.dtype == torch.bfloat16, BLOCK_SIZE=block, num_warps=warps)
     return residual_out, modulated
 
 
@@ -135,19 +120,15 @@ def indexed_gate_rms_norm_scale_shift(residual: torch.Tensor, gate: torch.Tensor
     residual, branch: [R, H] or [B, S, H]; gate, shift, scale: [K, H] (row views allowed); weight [H];
     indices [S] in [0, K).
     """
-    check_activation("residual", residual)
-    check_activation("branch", branch, like=residual)
-    check_table("gate", gate, residual)
-    check_weight(weight, residual)
-    check_table("shift", shift, residual)
-    check_table("scale", scale, residual)
-    check_same_rows(("gate", gate), ("shift", shift), ("scale", scale))
-    check_indices(indices, residual, gate.shape[0])
-    check_eps(eps)
+    launch.check_activation("residual", residual)
+    launch.check_activation("branch", branch, like=residual)
+    launch.check_weight(weight, residual)
+    launch.check_indexed_tables(residual, indices, ("gate", gate), ("shift", shift), ("scale", scale))
+    launch.check_eps(eps)
     mode = resolve_precision(precision, residual)
     if resolve_backend(backend, residual.device, _indexed_gate_rms_norm_scale_shift_kernel) is Backend.TORCH:
         return reference_indexed_gate_rms_norm_scale_shift(residual, gate, branch, weight, shift, scale, indices,
                                                            eps, mode)
     if residual.numel() == 0:
-        return new_rows(residual), new_rows(residual)
+        return launch.new_rows(residual), launch.new_rows(residual)
     return _launch(residual, gate, branch, weight, shift, scale, indices, eps, mode)

@@ -144,6 +144,15 @@ def check_indices(indices: torch.Tensor, x: torch.Tensor, table_rows: int) -> No
         _CHECKED_INDICES[id(indices)] = (weakref.ref(indices), version, table_rows)
 
 
+def check_indexed_tables(x: torch.Tensor, indices: torch.Tensor, *tables: tuple[str, torch.Tensor]) -> None:
+    """Tables that one `indices` tensor indexes, (name, table) each: each a table for x (`check_table`), all of the
+    first one's shape, and indices valid rows of them (`check_indices`)."""
+    for name, table in tables:
+        check_table(name, table, x)
+    check_same_rows(*tables)
+    check_indices(indices, x, tables[0][1].shape[0])
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Shapes and launches
 

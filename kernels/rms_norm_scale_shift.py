@@ -9,20 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
+from h3batch.kernels import launch
 from h3batch.kernels.backend import Backend, Precision, resolve_backend, resolve_precision
-from h3batch.kernels.launch import (
-    block_config,
-    check_activation,
-    check_eps,
-    check_indices,
-    check_same_rows,
-    check_table,
-    check_weight,
-    launch_rows,
-    new_rows,
-    rows_of,
-)
-from h3batch.kernels.triton_math import normalize_modulate, program_row, round_to_bf16, row_rstd
+from h3batch.kernels.launch import block_config  # by name: benches and tests patch it per op
+from h3batch.kernels.triton_math import indexed_program_row, normalize_modulate, round_to_bf16, row_rstd, row_start
 
 
 @triton.jit
@@ -35,10 +25,8 @@ def _rms_norm_indexed_scale_shift_kernel(
     indices_ptr,  # table row per sequence position [S], int32 or int64, contiguous
     seq_len,  # S: rows per batch item (the indices repeat for every batch item)
     hidden,  # H: columns per row
-    stride_x_batch,
-    stride_x_row,
-    stride_shift_row,
-    stride_scale_row,
+    stride_x_batch, stride_x_row,  # x's strides in elements: batch item, row
+    stride_shift_row, stride_scale_row,  # the tables' row strides in elements
     row_offset,  # first row of this launch (row chunking)
     eps,
     SM90_BF16_AFFINE: tl.constexpr,  # spec §5.3 rounding instead of fp32 with one rounding
@@ -48,9 +36,8 @@ def _rms_norm_indexed_scale_shift_kernel(
     RESIDENT_CHUNKS: tl.constexpr,  # 1..4: the whole row stays in registers (one read); 0: stream it twice
 ):
     # This program owns one row of x: row = row_offset + program id, i.e. batch item row // S, position row % S.
-    row, batch, position = program_row(row_offset, seq_len)
-    table_row = tl.load(indices_ptr + position).to(tl.int64)
-    x_row_ptr = x_ptr + batch * stride_x_batch + position * stride_x_row
+    row, batch, position, table_row = indexed_program_row(row_offset, seq_len, indices_ptr)
+    x_row_ptr = row_start(x_ptr, batch, position, stride_x_batch, stride_x_row)
     out_row_ptr = out_ptr + row * hidden
     shift_row_ptr = shift_ptr + table_row * stride_shift_row
     scale_row_ptr = scale_ptr + table_row * stride_scale_row
@@ -126,15 +113,15 @@ def resident_chunks(hidden: int, block: int) -> int:
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, indices: torch.Tensor,
             eps: float, precision: Precision) -> torch.Tensor:
-    out = new_rows(x)
-    rows, seq_len, stride_batch, stride_row = rows_of(x)
+    out = launch.new_rows(x)
+    rows, seq_len, stride_batch, stride_row = launch.rows_of(x)
     hidden = x.shape[-1]
     block, warps = block_config(hidden)
-    launch_rows(_rms_norm_indexed_scale_shift_kernel, rows, x.device,
-                out, x, weight, shift, scale, indices, seq_len, hidden, stride_batch, stride_row,
-                shift.stride(0), scale.stride(0), eps=float(eps),
-                SM90_BF16_AFFINE=precision is Precision.SM90_BF16_AFFINE, OUT_BF16=x.dtype == torch.bfloat16,
-                BLOCK_SIZE=block, RESIDENT_CHUNKS=resident_chunks(hidden, block), num_warps=warps)
+    launch.launch_rows(_rms_norm_indexed_scale_shift_kernel, rows, x.device,
+                       out, x, weight, shift, scale, indices, seq_len, hidden, stride_batch, stride_row,
+                       shift.stride(0), scale.stride(0), eps=float(eps),
+                       SM90_BF16_AFFINE=precision is Precision.SM90_BF16_AFFINE, OUT_BF16=x.dtype == torch.bfloat16,
+                       BLOCK_SIZE=block, RESIDENT_CHUNKS=resident_chunks(hidden, block), num_warps=warps)
     return out
 
 
@@ -170,16 +157,13 @@ def rms_norm_indexed_scale_shift(x: torch.Tensor, weight: torch.Tensor, shift: t
 
     x: [R, H] or [B, S, H]; weight [H]; shift, scale [K, H] (row views allowed); indices [S] in [0, K).
     """
-    check_activation("x", x)
-    check_weight(weight, x)
-    check_table("shift", shift, x)
-    check_table("scale", scale, x)
-    check_same_rows(("shift", shift), ("scale", scale))
-    check_indices(indices, x, shift.shape[0])
-    check_eps(eps)
+    launch.check_activation("x", x)
+    launch.check_weight(weight, x)
+    launch.check_indexed_tables(x, indices, ("shift", shift), ("scale", scale))
+    launch.check_eps(eps)
     mode = resolve_precision(precision, x)
     if resolve_backend(backend, x.device, _rms_norm_indexed_scale_shift_kernel) is Backend.TORCH:
         return reference_rms_norm_indexed_scale_shift(x, weight, shift, scale, indices, eps, mode)
     if x.numel() == 0:
-        return new_rows(x)
+        return launch.new_rows(x)
     return _launch(x, weight, shift, scale, indices, eps, mode)

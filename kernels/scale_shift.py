@@ -10,17 +10,10 @@ import torch
 import triton
 import triton.language as tl
 
+from h3batch.kernels import launch
 from h3batch.kernels.backend import Backend, Precision, resolve_backend, resolve_precision
-from h3batch.kernels.launch import (
-    block_config,
-    check_activation,
-    check_indices,
-    check_same_rows,
-    check_table,
-    launch_rows,
-    rows_of,
-)
-from h3batch.kernels.triton_math import program_row, round_to_bf16
+from h3batch.kernels.launch import block_config  # by name: benches and tests patch it per op
+from h3batch.kernels.triton_math import indexed_program_row, round_to_bf16, row_start
 
 
 @triton.jit
@@ -31,19 +24,16 @@ def _indexed_scale_shift_kernel(
     indices_ptr,  # table row per sequence position [S], int32 or int64, contiguous
     seq_len,  # S: rows per batch item
     hidden,  # H: columns per row
-    stride_x_batch,
-    stride_x_row,
-    stride_shift_row,
-    stride_scale_row,
+    stride_x_batch, stride_x_row,  # x's strides in elements: batch item, row
+    stride_shift_row, stride_scale_row,  # the tables' row strides in elements
     row_offset,  # first row of this launch (row chunking)
     OUT_BF16: tl.constexpr,  # x is bf16: round before the store
     NATIVE_CAST: tl.constexpr,  # compiled kernel: round with the hardware cast (the interpreter's truncates)
     BLOCK_SIZE: tl.constexpr,  # columns per chunk (power of two); the row is streamed in chunks
 ):
     # This program owns one row of x: row = row_offset + program id, i.e. batch item row // S, position row % S.
-    _, batch, position = program_row(row_offset, seq_len)
-    table_row = tl.load(indices_ptr + position).to(tl.int64)
-    x_row_ptr = x_ptr + batch * stride_x_batch + position * stride_x_row
+    _, batch, position, table_row = indexed_program_row(row_offset, seq_len, indices_ptr)
+    x_row_ptr = row_start(x_ptr, batch, position, stride_x_batch, stride_x_row)
 
     for start in range(0, hidden, BLOCK_SIZE):
         columns = start + tl.arange(0, BLOCK_SIZE)
@@ -58,12 +48,12 @@ def _indexed_scale_shift_kernel(
 
 
 def _launch(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, indices: torch.Tensor) -> None:
-    rows, seq_len, stride_batch, stride_row = rows_of(x)
+    rows, seq_len, stride_batch, stride_row = launch.rows_of(x)
     block, warps = block_config(x.shape[-1])
-    launch_rows(_indexed_scale_shift_kernel, rows, x.device,
-                x, shift, scale, indices, seq_len, x.shape[-1], stride_batch, stride_row,
-                shift.stride(0), scale.stride(0),
-                OUT_BF16=x.dtype == torch.bfloat16, BLOCK_SIZE=block, num_warps=warps)
+    launch.launch_rows(_indexed_scale_shift_kernel, rows, x.device,
+                       x, shift, scale, indices, seq_len, x.shape[-1], stride_batch, stride_row,
+                       shift.stride(0), scale.stride(0),
+                       OUT_BF16=x.dtype == torch.bfloat16, BLOCK_SIZE=block, num_warps=warps)
 
 
 def reference_indexed_scale_shift(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
@@ -76,11 +66,8 @@ def indexed_scale_shift_(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tens
                          precision: Precision | str | None = None,
                          backend: Backend | str | None = None) -> torch.Tensor:
     """Indexed AdaLN affine written into x; returns x. x: [R, H] or [B, S, H]; shift, scale [K, H]; indices [S]."""
-    check_activation("x", x)
-    check_table("shift", shift, x)
-    check_table("scale", scale, x)
-    check_same_rows(("shift", shift), ("scale", scale))
-    check_indices(indices, x, shift.shape[0])
+    launch.check_activation("x", x)
+    launch.check_indexed_tables(x, indices, ("shift", shift), ("scale", scale))
     resolve_precision(precision, x)  # same semantics in every mode; resolved only to refuse bad values
     if resolve_backend(backend, x.device, _indexed_scale_shift_kernel) is Backend.TORCH:
         return x.copy_(reference_indexed_scale_shift(x, shift, scale, indices))

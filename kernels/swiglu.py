@@ -21,7 +21,7 @@ from triton.language.extra import libdevice
 
 from h3batch.kernels.backend import Backend, resolve_backend
 from h3batch.kernels.launch import check_dtype, launch_rows, rows_of
-from h3batch.kernels.triton_math import program_row, round_to_bf16
+from h3batch.kernels.triton_math import program_row, round_to_bf16, row_start
 
 BLOCK_COLUMNS = 1024
 """Output columns per program: 8 bf16 per thread (16-byte loads) at 4 warps."""
@@ -33,8 +33,7 @@ def _swiglu_kernel(
     fc1_ptr,  # fc1 output; row (b, s) at b * stride_batch + s * stride_row, columns [gate (F) | up (F)]
     seq_len,  # S: rows per batch item
     ffn,  # F: output columns
-    stride_batch,
-    stride_row,
+    stride_batch, stride_row,  # fc1 output's strides in elements: batch item, row
     row_offset,  # first row of this launch (row chunking)
     ROUND_BF16: tl.constexpr,  # bf16 semantics: silu rounds, the product rounds
     NATIVE_CAST: tl.constexpr,  # compiled kernel: hardware rounding, libdevice expf and IEEE division
@@ -44,7 +43,7 @@ def _swiglu_kernel(
     row, batch, position = program_row(row_offset, seq_len)
     columns = tl.program_id(1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = columns < ffn
-    in_row_ptr = fc1_ptr + batch * stride_batch + position * stride_row
+    in_row_ptr = row_start(fc1_ptr, batch, position, stride_batch, stride_row)
     gate = tl.load(in_row_ptr + columns, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(in_row_ptr + ffn + columns, mask=mask, other=0.0).to(tl.float32)
     if NATIVE_CAST:

@@ -1,4 +1,5 @@
-"""Triton device functions shared by the kernels: the program's row, explicit bf16 rounding, row RMS, RMSNorm + affine.
+"""Triton device functions shared by the kernels: the program's row and table row, row addresses, explicit bf16
+rounding, row RMS, RMSNorm + affine.
 
 Why round explicitly: under TRITON_INTERPRET=1 (Triton 3.9, CPU) an fp32 -> bf16 conversion truncates instead of
 rounding to nearest even, and arithmetic on bf16 values returns garbage; converting a value that bf16 already
@@ -25,6 +26,20 @@ def program_row(row_offset, seq_len):
     """The row this program owns (row_offset + program id 0, as int64), its batch item row // S and position row % S."""
     row = tl.program_id(0).to(tl.int64) + row_offset
     return row, row // seq_len, row % seq_len
+
+
+@triton.jit
+def indexed_program_row(row_offset, seq_len, indices_ptr):
+    """`program_row` plus the modulation-table row of its position: (row, batch, position, indices[position])."""
+    row, batch, position = program_row(row_offset, seq_len)
+    table_row = tl.load(indices_ptr + position).to(tl.int64)
+    return row, batch, position, table_row
+
+
+@triton.jit
+def row_start(base_ptr, batch, position, stride_batch, stride_row):
+    """Address of row (batch, position) of a [B, S, H] view: base + batch * stride_batch + position * stride_row."""
+    return base_ptr + batch * stride_batch + position * stride_row
 
 
 @triton.jit

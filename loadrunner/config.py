@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-
 
 DEFAULT_URL = "ws://127.0.0.1:8099/v1/realtime?duplex=1"
 DEFAULT_OUTPUT_DIR = "./duplex-results"
@@ -24,31 +24,34 @@ MAX_LOAD_FRAMES = 10_000
 class DriverConfig:
     """Every setting of one driver run; `sessions is None` selects lifecycle mode."""
 
-    model: str
-    input_wav: str
-    url: str = DEFAULT_URL
-    expected_input_sha256: str | None = None
-    output_dir: str = DEFAULT_OUTPUT_DIR
-    voice: str = DEFAULT_VOICE
-    persona: str = DEFAULT_PERSONA
-    secondary_persona: str = DEFAULT_SECONDARY_PERSONA
-    replacement_persona: str = DEFAULT_REPLACEMENT_PERSONA
-    tail_s: float = 2.0
-    drain_s: float = 2.0
-    timeout_s: float = 180.0
-    cleanup_timeout_s: float = 5.0
-    max_frame_deficit: int = 4
-    voiced_frame_rms_threshold: float = 1e-3
-    min_voiced_frames: int = 5
-    minimum_audio_chunks: int = 2
-    replacement_frames: int = 0
-    sessions: int | None = None
-    load_frames: int = 1000
-    max_client_rtf: float | None = None
-    max_stream_rtf: float | None = None
-    max_lag_drift_ms: float | None = None
-    server_revision: str | None = None
-    server_hardware: str | None = None
+    model: str  # model name for the URL query and session.model
+    input_wav: str  # input audio path (resampled to 24 kHz mono)
+    url: str = DEFAULT_URL  # base WebSocket URL (§2); duplex, model and autostart are set on it
+    expected_input_sha256: str | None = None  # hex digest; a mismatch aborts before any session
+    output_dir: str = DEFAULT_OUTPUT_DIR  # artifacts and load-result.json
+    voice: str = DEFAULT_VOICE  # voice file basename
+    persona: str = DEFAULT_PERSONA  # primary session, and every load session
+    secondary_persona: str = DEFAULT_SECONDARY_PERSONA  # lifecycle: the second session
+    replacement_persona: str = DEFAULT_REPLACEMENT_PERSONA  # lifecycle: the session that reuses a slot
+    # Times, seconds.
+    tail_s: float = 2.0  # zeros appended to the input
+    drain_s: float = 2.0  # fixed window after the last send
+    timeout_s: float = 180.0  # bound of each wait and each send
+    cleanup_timeout_s: float = 5.0  # load: one close + ack budget, and the WebSocket close bound
+    # Acceptance (§6).
+    max_frame_deficit: int = 4  # 80 ms frames the server may leave unflushed
+    voiced_frame_rms_threshold: float = 1e-3  # 80 ms output frame RMS (full scale 1.0) at or above which it is audible
+    min_voiced_frames: int = 5  # audible output frames a session needs
+    minimum_audio_chunks: int = 2  # valid output packets a session needs
+    replacement_frames: int = 0  # lifecycle: frames sent after slot reuse (0 = the whole input)
+    # Load mode (§8).
+    sessions: int | None = None  # concurrent sessions, 1-64; None = lifecycle mode
+    load_frames: int = 1000  # frames per session, no looping
+    max_client_rtf: float | None = None  # ceiling on client_stream_rtf (None = report only)
+    max_stream_rtf: float | None = None  # ceiling on server_stream_rtf (None = report only)
+    max_lag_drift_ms: float | None = None  # ceiling on stream_lag_drift_ms, milliseconds (None = report only)
+    server_revision: str | None = None  # operator label for the report, not verified
+    server_hardware: str | None = None  # operator label for the report, not verified
 
     @property
     def acceptance(self):
@@ -116,11 +119,19 @@ def validation_error(args: argparse.Namespace) -> str | None:
     return None
 
 
-def parse_config(argv: list[str]) -> DriverConfig:
-    """Parse and validate; any argument error prints one line `h3batch duplex: MESSAGE` on stderr and exits 2."""
-    parser = build_parser()
+def parse_checked(parser: argparse.ArgumentParser, argv: list[str],
+                  check: Callable[[argparse.Namespace], str | None]) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, then `check(args)`: a message it returns becomes the parser's error (exit 2).
+
+    Shared with the reference server's `server_config`, whose parser prints the error as one line.
+    """
     args = parser.parse_args(argv)
-    message = validation_error(args)
+    message = check(args)
     if message is not None:
         parser.error(message)
-    return DriverConfig(**vars(args))
+    return args
+
+
+def parse_config(argv: list[str]) -> DriverConfig:
+    """Parse and validate; an argument error prints argparse's usage and `h3batch duplex: error: MESSAGE`, exit 2."""
+    return DriverConfig(**vars(parse_checked(build_parser(), argv, validation_error)))

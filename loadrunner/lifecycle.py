@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,24 @@ class Opened:
     frames_sent: int = 0
 
 
+async def await_session_created(conn: DuplexConnection, config: DriverConfig, persona: str,
+                                check: Callable[[], None] | None = None) -> dict:
+    """Send `session.update` with `persona`, then return the `session.created` event once it arrives (§7, §8).
+
+    The wait is bounded by config.timeout_s; `check` runs on every poll (load mode fails fast on a server error or a
+    finished reader). Both modes open their sessions this way.
+    """
+    await conn.send(session_update(config.model, config.voice, persona), config.timeout_s)
+
+    def created() -> bool:
+        if check is not None:
+            check()
+        return conn.log.count("session.created") > 0
+
+    await conn.wait_for(created, config.timeout_s, "session.created")
+    return conn.log.first("session.created")
+
+
 def valid_bytes(conn: DuplexConnection) -> int:
     """Total PCM16 bytes of valid packets so far; an invalid packet raises ValueError(<code>)."""
     total = 0
@@ -67,9 +86,7 @@ class Lifecycle:
 
     async def open(self, persona: str) -> Opened:
         conn = await self.connect()
-        await conn.send(session_update(self.config.model, self.config.voice, persona), self.config.timeout_s)
-        await conn.wait_for(lambda: conn.log.count("session.created") > 0, self.config.timeout_s, "session.created")
-        event = conn.log.first("session.created")
+        event = await await_session_created(conn, self.config, persona)
         caps = created_capabilities(event)
         if caps is None:
             raise AssertionError(f"session.created omitted capabilities: {event}")

@@ -18,6 +18,7 @@ from h3batch.loadrunner.acceptance import AcceptanceError, validate_session_audi
 from h3batch.loadrunner.audio import append_message, input_identity, load_input_samples, split_frames
 from h3batch.loadrunner.config import DriverConfig
 from h3batch.loadrunner.connection import DuplexConnection, open_connection
+from h3batch.loadrunner.lifecycle import await_session_created
 from h3batch.loadrunner.metrics import Send, ceiling_error, session_metrics
 from h3batch.loadrunner.pacing import pace_frames
 from h3batch.loadrunner.packets import error_code
@@ -28,7 +29,6 @@ from h3batch.loadrunner.protocol import (
     created_capabilities,
     created_session_id,
     realtime_url,
-    session_update,
 )
 from h3batch.loadrunner.report import RESULT_NAME, build_report, dumps_report, write_exclusive
 
@@ -68,14 +68,7 @@ class LoadSession:
         cfg = self.config
         websocket = await self.connector(self.url, cfg.cleanup_timeout_s, cfg.timeout_s)
         self.conn = DuplexConnection(websocket, self.logger)
-        await self.conn.send(session_update(cfg.model, cfg.voice, cfg.persona), cfg.timeout_s)
-
-        def created() -> bool:
-            connection_check(self.conn)
-            return self.conn.log.count("session.created") > 0
-
-        await self.conn.wait_for(created, cfg.timeout_s, "session.created")
-        event = self.conn.log.first("session.created")
+        event = await await_session_created(self.conn, cfg, cfg.persona, check=lambda: connection_check(self.conn))
         self.session_id = created_session_id(event)
         caps = created_capabilities(event)
         if caps is None:

@@ -9,6 +9,7 @@ import argparse
 from dataclasses import dataclass
 
 from h3batch.cli_args import OneLineArgumentParser
+from h3batch.loadrunner.config import parse_checked
 from h3batch.loadrunner.fault_modes import FixtureMode
 from h3batch.loadrunner.server_protocol import MAX_PENDING_INPUT_BYTES, Content
 
@@ -101,9 +102,5 @@ def validation_error(args: argparse.Namespace) -> str | None:
 
 def parse_config(argv: list[str]) -> ServerConfig:
     """Parse and validate; any argument error prints one line `h3batch duplex-server: MESSAGE` and exits 2."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    message = validation_error(args)
-    if message is not None:
-        parser.error(message)
+    args = parse_checked(build_parser(), argv, validation_error)
     return ServerConfig(**{**vars(args), "content": Content(args.content)})

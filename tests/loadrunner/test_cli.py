@@ -15,28 +15,23 @@ from tests.loadrunner.harness import REPO_ROOT, common_args, start_server_proces
 BASE = ["--model", "m", "--input-wav", "x.wav", "--sessions", "2"]
 
 
+LOAD_RANGE = "load mode requires sessions in [1,64] and load-frames in [1,10000]"
+NOT_FINITE = "must be finite and non-negative (timeout must be positive)"  # after the underscore name
+COUNTS = "frame-deficit must be non-negative; voiced frames and audio chunks must be positive"
+
+
 @pytest.mark.parametrize("flags,message", [
-    (["--sessions", "0"], "load mode requires sessions in [1,64] and load-frames in [1,10000]"),
-    (["--sessions", "65"], "load mode requires sessions in [1,64] and load-frames in [1,10000]"),
-    (["--load-frames", "0"], "load mode requires sessions in [1,64] and load-frames in [1,10000]"),
-    (["--load-frames", "10001"], "load mode requires sessions in [1,64] and load-frames in [1,10000]"),
-    (["--drain-s", "nan"], "drain_s must be finite and non-negative (timeout must be positive)"),
-    (["--tail-s", "-1"], "tail_s must be finite and non-negative (timeout must be positive)"),
-    (["--timeout-s", "0"], "timeout_s must be finite and non-negative (timeout must be positive)"),
-    (["--timeout-s", "inf"], "timeout_s must be finite and non-negative (timeout must be positive)"),
-    (["--cleanup-timeout-s", "0"], "cleanup_timeout_s must be finite and non-negative (timeout must be positive)"),
-    (["--cleanup-timeout-s", "nan"], "cleanup_timeout_s must be finite and non-negative (timeout must be positive)"),
+    *((["--sessions", value], LOAD_RANGE) for value in ("0", "65")),
+    *((["--load-frames", value], LOAD_RANGE) for value in ("0", "10001")),
+    (["--drain-s", "nan"], f"drain_s {NOT_FINITE}"),
+    (["--tail-s", "-1"], f"tail_s {NOT_FINITE}"),
+    *((["--timeout-s", value], f"timeout_s {NOT_FINITE}") for value in ("0", "inf")),
+    *((["--cleanup-timeout-s", value], f"cleanup_timeout_s {NOT_FINITE}") for value in ("0", "nan")),
     (["--max-client-rtf", "-1"], "max-client-rtf must be finite and positive"),
-    (["--max-stream-rtf", "0"], "max-stream-rtf must be finite and positive"),
-    (["--max-stream-rtf", "nan"], "max-stream-rtf must be finite and positive"),
-    (["--max-lag-drift-ms", "-1"], "max-lag-drift-ms must be finite and non-negative"),
-    (["--max-lag-drift-ms", "inf"], "max-lag-drift-ms must be finite and non-negative"),
-    (["--max-frame-deficit", "-1"], "frame-deficit must be non-negative; voiced frames and audio chunks must be "
-                                    "positive"),
-    (["--minimum-audio-chunks", "0"], "frame-deficit must be non-negative; voiced frames and audio chunks must be "
-                                      "positive"),
-    (["--min-voiced-frames", "0"], "frame-deficit must be non-negative; voiced frames and audio chunks must be "
-                                   "positive"),
+    *((["--max-stream-rtf", value], "max-stream-rtf must be finite and positive") for value in ("0", "nan")),
+    *((["--max-lag-drift-ms", value], "max-lag-drift-ms must be finite and non-negative") for value in ("-1", "inf")),
+    *(([flag, value], COUNTS) for flag, value in (("--max-frame-deficit", "-1"), ("--minimum-audio-chunks", "0"),
+                                                  ("--min-voiced-frames", "0"))),
     (["--voiced-frame-rms-threshold", "nan"], "voiced-frame-rms-threshold must be finite and non-negative"),
 ])
 def test_invalid_load_configuration(flags, message, capsys):

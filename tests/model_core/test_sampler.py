@@ -117,13 +117,18 @@ def run_loop(x: torch.Tensor, sigmas: torch.Tensor, velocity) -> torch.Tensor:
     return x
 
 
+def ladder_and_pair(which: str, shape: tuple[int, ...], seed: int):
+    """The V2 sigma ladder of `which` ("video" or "audio") and two unit-normal tensors of `shape` from `seed`."""
+    ladder = SigmaLadder.v2()
+    sigmas = ladder.video_sigmas if which == "video" else ladder.audio_sigmas
+    gen = torch.Generator().manual_seed(seed)
+    return sigmas, torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+
+
 @pytest.mark.parametrize("which, shape", [("video", TINY_VIDEO), ("audio", TINY_AUDIO)])
 def test_oracle_velocity_returns_data(which, shape):
     """With v̂ = (x0 − x)/(1 − t) the 8-step loop from unit noise returns x0 to ≤ 1e-6 max-abs (§13.17)."""
-    ladder = SigmaLadder.v2()
-    sigmas = ladder.video_sigmas if which == "video" else ladder.audio_sigmas
-    gen = torch.Generator().manual_seed(11)
-    x0, noise = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    sigmas, x0, noise = ladder_and_pair(which, shape, seed=11)
     out = run_loop(noise, sigmas, lambda x, t: (x0 - x) / (1.0 - t))
     assert (out - x0).abs().max().item() <= 1e-6
 
@@ -131,10 +136,7 @@ def test_oracle_velocity_returns_data(which, shape):
 @pytest.mark.parametrize("which, shape", [("video", TINY_VIDEO), ("audio", TINY_AUDIO)])
 def test_fixed_velocity_on_trajectory_returns_data(which, shape):
     """With v̂ = x0 − ε starting on x = (1−σ0)·x0 + σ0·ε the loop returns x0 to ≤ 2e-6 max-abs (§13.17)."""
-    ladder = SigmaLadder.v2()
-    sigmas = ladder.video_sigmas if which == "video" else ladder.audio_sigmas
-    gen = torch.Generator().manual_seed(12)
-    x0, eps = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    sigmas, x0, eps = ladder_and_pair(which, shape, seed=12)
     start = (1 - sigmas[0]) * x0 + sigmas[0] * eps
     out = run_loop(start, sigmas, lambda x, t: x0 - eps)
     assert (out - x0).abs().max().item() <= 2e-6
@@ -144,11 +146,8 @@ def test_fixed_velocity_on_trajectory_returns_data(which, shape):
                                                              ("audio", TINY_AUDIO, 3.336e-4)])
 def test_fixed_velocity_from_raw_noise_keeps_residual(which, shape, one_minus_sigma0):
     """From raw unit noise the fixed velocity ends at x0 + (1 − σ0)·(ε − x0), a visible residual (σ0 < 1)."""
-    ladder = SigmaLadder.v2()
-    sigmas = ladder.video_sigmas if which == "video" else ladder.audio_sigmas
+    sigmas, x0, eps = ladder_and_pair(which, shape, seed=13)
     assert 1 - sigmas[0].item() == pytest.approx(one_minus_sigma0, rel=1e-3)
-    gen = torch.Generator().manual_seed(13)
-    x0, eps = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
     out = run_loop(eps.clone(), sigmas, lambda x, t: x0 - eps)
     expected = x0 + (1 - sigmas[0]) * (eps - x0)
     assert (out - expected).abs().max().item() <= 2e-6

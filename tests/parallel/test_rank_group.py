@@ -15,6 +15,7 @@ import pytest
 
 from h3batch.worker.pipeline import RenderCancelled, RenderRequest
 from h3batch.worker.rank_group import RankGroupError, RankGroupPipeline, load_pipeline
+from tests.render.test_render_cli import drifted_release
 
 H3BATCH = [sys.executable, "-m", "h3batch.cli"]
 PROMPT = "a red fox runs through snow"
@@ -64,13 +65,7 @@ def test_render_cli_refuses_a_bad_rank_count(tiny_release, tmp_path):
 
 def test_render_cli_two_ranks_names_a_drifted_contract_field(tiny_release, tmp_path):
     """A release the ranks refuse while loading (contract drift) exits 2 with one line naming the field."""
-    import shutil
-
-    bad = Path(shutil.copytree(tiny_release, tmp_path / "bad"))
-    contract = json.loads((bad / "fastvideo_inference.json").read_text())
-    contract["vsa_sparsity"] = 0.9
-    (bad / "fastvideo_inference.json").write_text(json.dumps(contract))
-    (tmp_path / "hf-cache").symlink_to(tiny_release.parent / "hf-cache")
+    bad = drifted_release(tiny_release, tmp_path, vsa_sparsity=0.9)
     proc = render_cli("--release", str(bad), "--prompt", "x", "--device", "cpu", "--ranks", "2", "--out",
                       str(tmp_path / "x.mp4"), cwd=tmp_path)
     lines = proc.stderr.strip().splitlines()

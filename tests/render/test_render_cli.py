@@ -21,6 +21,19 @@ def release(tmp_path_factory) -> Path:
     return build_tiny_release(base / "release", base / "hf-cache").release_dir
 
 
+def drifted_release(release: Path, tmp_path: Path, **fields: object) -> Path:
+    """A copy of `release` at tmp_path/bad whose fastvideo_inference.json has `fields` changed; the sibling hf-cache
+    is linked beside it, so only the contract differs. The rank-group tests use it too."""
+    import shutil
+
+    bad = Path(shutil.copytree(release, tmp_path / "bad"))
+    contract = json.loads((bad / "fastvideo_inference.json").read_text())
+    contract.update(fields)
+    (bad / "fastvideo_inference.json").write_text(json.dumps(contract))
+    (tmp_path / "hf-cache").symlink_to(release.parent / "hf-cache")
+    return bad
+
+
 def render(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     env.pop("HF_HUB_CACHE", None)  # the release's sibling hf-cache must be found on its own
@@ -91,12 +104,7 @@ def test_missing_release_exits_2(tmp_path):
 
 def test_invalid_release_exits_2_naming_the_field(release, tmp_path):
     """A release whose contract drifts stops before loading, naming the field."""
-    import shutil
-    bad = Path(shutil.copytree(release, tmp_path / "bad"))
-    contract = json.loads((bad / "fastvideo_inference.json").read_text())
-    contract["vsa_sparsity"] = 0.9
-    (bad / "fastvideo_inference.json").write_text(json.dumps(contract))
-    (tmp_path / "hf-cache").symlink_to(release.parent / "hf-cache")
+    bad = drifted_release(release, tmp_path, vsa_sparsity=0.9)
     proc = render("--release", str(bad), "--prompt", "x", "--out", str(tmp_path / "x.mp4"), cwd=tmp_path)
     assert proc.returncode == 2 and "vsa_sparsity" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

@@ -28,8 +28,8 @@ from h3batch.worker.h3.vsa_cuda import (
     fine_attention,
     kv_block_lists,
     kv_lists_from_scores,
+    launch_tile_and_mean,
     tile_means,
-    tile_rows,
     tiled_geometry,
     to_tiles,
     vsa_attention_cuda,
@@ -209,29 +209,34 @@ def test_bad_inputs_name_the_shape():
 
 
 def test_triton_kernels_in_interpreter_match_torch():
-    """Under TRITON_INTERPRET=1 on CPU, the tile kernel equals the torch tiling and the combine kernel is bit-exact."""
+    """Under TRITON_INTERPRET=1 on CPU, the tile kernel equals the torch tiling in both layouts and the combine kernel
+    is bit-exact."""
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(repo)}
     done = subprocess.run([sys.executable, str(Path(__file__).with_name("interpreted_kernels.py"))], env=env,
                           cwd=repo, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["tiled_equal"] and result["combine_equal"]
+    assert result["tiled_equal"] and result["tiled_head_major_equal"] and result["combine_equal"]
     assert result["means_err"] <= 1e-6
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled FlexAttention kernel needs a CUDA GPU")
 
 
+def _assert_cuda_bf16_matches_reference(plan, heads, seed):
+    """The compiled CUDA path on bf16 inputs is within 2e-2 max abs of the fp32 reference on the same inputs."""
+    q, k, v, g = _inputs(plan, heads=heads, dim=128, dtype=torch.bfloat16, device="cuda", seed=seed)
+    out = vsa_attention_cuda(q, k, v, g, plan)
+    expected = vsa_attention(*(t.float().cpu() for t in (q, k, v, g)), plan)
+    assert (out.float().cpu() - expected).abs().max().item() <= BF16_ATOL
+
+
 @needs_cuda
 @pytest.mark.parametrize("grid,heads", [(GRID, 2), ((12, 12, 20), 4)])
 def test_cuda_kernel_matches_reference(grid, heads):
     """The compiled CUDA kernel in bf16 equals the fp32 reference within 2e-2 max abs at sparsity 0.8."""
-    plan = build_vsa_plan(PREFIX, grid, 0.8)
-    q, k, v, g = _inputs(plan, heads=heads, dim=128, dtype=torch.bfloat16, device="cuda", seed=11)
-    out = vsa_attention_cuda(q, k, v, g, plan)
-    expected = vsa_attention(*(t.float().cpu() for t in (q, k, v, g)), plan)
-    assert (out.float().cpu() - expected).abs().max().item() <= BF16_ATOL
+    _assert_cuda_bf16_matches_reference(build_vsa_plan(PREFIX, grid, 0.8), heads, seed=11)
 
 
 @needs_cuda
@@ -239,10 +244,7 @@ def test_cuda_new_top_k_does_not_recompile_and_stays_correct():
     """A second call with different data (a different top-k) on the same geometry is correct again."""
     plan = build_vsa_plan(PREFIX, GRID, 0.8)
     for seed in (21, 22):
-        q, k, v, g = _inputs(plan, heads=2, dim=128, dtype=torch.bfloat16, device="cuda", seed=seed)
-        out = vsa_attention_cuda(q, k, v, g, plan)
-        expected = vsa_attention(*(t.float().cpu() for t in (q, k, v, g)), plan)
-        assert (out.float().cpu() - expected).abs().max().item() <= BF16_ATOL
+        _assert_cuda_bf16_matches_reference(plan, heads=2, seed=seed)
 
 
 @needs_cuda
@@ -257,15 +259,19 @@ def test_cuda_sparsity_zero_equals_sdpa():
 
 
 @needs_cuda
-def test_cuda_tiling_kernel_matches_torch():
-    """The Triton tile-and-mean kernel writes the same padded buffer (zero pads) and means as the torch version."""
+@pytest.mark.parametrize("head_major", [False, True])
+def test_cuda_tiling_kernel_matches_torch(head_major):
+    """The Triton tile-and-mean kernel writes the torch padded buffer (zero pads; transposed to [B, H, 64·n, D] when
+    head-major, the compiled VSA kernel's input) and the same fp32 means."""
     plan = build_vsa_plan(PREFIX, (12, 12, 20), 0.8)
     geo = tiled_geometry(plan, torch.device("cuda"))
     qkv = torch.randn(2, plan.sequence_length, 3, 4, 128, device="cuda", dtype=torch.bfloat16)
     v = qkv[:, :, 2]  # strided view, as the DiT passes v
-    tiled, means = tile_rows(v, geo)
-    assert torch.equal(tiled, to_tiles(v, geo))
-    torch.testing.assert_close(means, tile_means(to_tiles(v, geo), geo), atol=1e-5, rtol=1e-5)
+    tiled, means = launch_tile_and_mean(v, geo, head_major=head_major)
+    expected = to_tiles(v, geo)
+    assert tiled.is_contiguous()
+    assert torch.equal(tiled, expected.transpose(1, 2) if head_major else expected)
+    torch.testing.assert_close(means, tile_means(expected, geo), atol=1e-5, rtol=1e-5)
 
 
 @needs_cuda

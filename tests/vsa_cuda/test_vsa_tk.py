@@ -14,8 +14,8 @@ import torch
 from h3batch.worker.h3 import vsa, vsa_plan, vsa_tk
 from h3batch.worker.h3.model import AttentionCore
 from h3batch.worker.h3.vsa import vsa_attention_reference as reference
-from h3batch.worker.h3.vsa_cuda import tiled_geometry, to_tiles, vsa_attention_cuda
-from h3batch.worker.h3.vsa_plan import TILE_TOKENS, build_vsa_plan
+from h3batch.worker.h3.vsa_cuda import vsa_attention_cuda
+from h3batch.worker.h3.vsa_plan import build_vsa_plan
 
 BF16_ATOL = 2e-2
 PREFIX = (12, 74)  # text 12 rows (one partial tile), audio 74 rows (64 + a partial 10)
@@ -104,20 +104,6 @@ def test_compiled_kernel_matches_reference_and_flex(grid, sparsity, seed):
     assert (out.float().cpu() - expected).abs().max().item() <= BF16_ATOL
     flex = vsa_attention_cuda(q, k, v, g, plan)
     assert (out.float() - flex.float()).abs().max().item() <= BF16_ATOL
-
-
-@pytest.mark.gpu
-@needs_tk
-def test_head_major_tiling_kernel_equals_torch_tiling():
-    """The head-major tile kernel writes the plan's padded buffer (zero pads) transposed, and the fp32 tile means."""
-    plan = build_vsa_plan(PREFIX, (12, 12, 20), 0.8)
-    geo = tiled_geometry(plan, torch.device("cuda"))
-    qkv = torch.randn(2, plan.sequence_length, 3, 4, 128, device="cuda", dtype=torch.bfloat16)
-    v = qkv[:, :, 2]  # strided view, as the DiT passes v
-    tiled, means = vsa_tk.tile_rows_bhsd(v, geo)
-    assert tiled.shape == (2, 4, TILE_TOKENS * plan.num_tiles, 128) and tiled.is_contiguous()
-    assert torch.equal(tiled, to_tiles(v, geo).transpose(1, 2))
-    torch.testing.assert_close(means, vsa.tile_means(v.float(), plan), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.gpu

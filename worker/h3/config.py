@@ -37,27 +37,27 @@ DIFFUSERS_TO_NATIVE_FIELD = {
 class H3Config:
     """Shape of one MiniMax-H3 DiT; defaults are the 33B release. Derived widths are filled in ``__post_init__``."""
 
-    num_attention_heads: int = 56
-    attention_head_dim: int = 128
-    hidden_size: int = 5376
-    num_layers: int = 50
-    token_refiner_num_layers: int = 2
-    ffn_hidden_size: int = 14336
-    latents_dim: int = 24
-    audio_latents_dim: int = 32
-    patch_size: tuple[int, int, int] = (1, 2, 2)
-    text_dim: int = 5120
-    timestep_input_dim: int = 256
-    time_embed_hidden_size: int = 5376
-    time_embed_dim: int = 2688
-    rope_inv_freq_len: int = 16
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    qk_norm_eps: float = 1e-5
-    final_norm_eps: float = 1e-5
+    num_attention_heads: int = 56  # attention heads (MHA: K/V heads = Q heads)
+    attention_head_dim: int = 128  # channels per head; heads x head_dim = attention width I, may differ from H
+    hidden_size: int = 5376  # H: residual stream width, channels
+    num_layers: int = 50  # DiT blocks
+    token_refiner_num_layers: int = 2  # text token-refiner blocks
+    ffn_hidden_size: int = 14336  # F: SwiGLU inner width, channels
+    latents_dim: int = 24  # video latent channels
+    audio_latents_dim: int = 32  # audio latent channels
+    patch_size: tuple[int, int, int] = (1, 2, 2)  # video patch (t, h, w) in latent frames and latent pixels
+    text_dim: int = 5120  # text encoder (Qwen3-VL) hidden width, channels
+    timestep_input_dim: int = 256  # sinusoidal timestep embedding width
+    time_embed_hidden_size: int = 5376  # timestep MLP inner width
+    time_embed_dim: int = 2688  # timestep embedding width that every AdaLN projection takes
+    rope_inv_freq_len: int = 16  # RoPE frequencies per axis: 3 axes x 2 x this many head channels rotate
+    rope_theta: float = 10000.0  # RoPE base of the inverse frequencies
+    norm_eps: float = 1e-5  # RMSNorm eps of the block and refiner norms (added to the mean square)
+    qk_norm_eps: float = 1e-5  # RMSNorm eps of the per-head q and k norms
+    final_norm_eps: float = 1e-5  # RMSNorm eps of the final norm before the output projection
     # Derived (0 = fill from hidden_size): 3 modalities x 6 vectors, and the final layer's shift + scale.
-    adaln_out_features: int = 0
-    final_adaln_out_features: int = 0
+    adaln_out_features: int = 0  # block AdaLN projection width, 18 x H
+    final_adaln_out_features: int = 0  # final-layer AdaLN projection width, 2 x H
     # FastH3 V2 adds a bf16 `attn.to_gate_compress` [I, H] to every DiT block (never the refiner), used by VSA-H3.
     vsa_gates: bool = False
 
@@ -173,33 +173,21 @@ def parameter_count(config: H3Config) -> int:
 
 H3_33B = H3Config()
 
-# Diffusers conversion-script test config: I = H.
+# Diffusers conversion-script test config: I = H. Rows as in spec §2.2's table.
 T1 = H3Config(
-    num_attention_heads=2,
-    attention_head_dim=32,
-    hidden_size=64,
-    num_layers=2,
-    token_refiner_num_layers=2,
-    ffn_hidden_size=128,
-    text_dim=48,
-    timestep_input_dim=16,
-    time_embed_hidden_size=64,
-    time_embed_dim=32,
-    rope_inv_freq_len=4,
+    num_attention_heads=2, attention_head_dim=32, hidden_size=64,  # heads x head_dim = I = H = 64
+    num_layers=2, token_refiner_num_layers=2,
+    ffn_hidden_size=128, text_dim=48,
+    timestep_input_dim=16, time_embed_hidden_size=64, time_embed_dim=32,
+    rope_inv_freq_len=4,  # rotates 24 of the 32 head channels
 )
 
 # Recommended test config: I = 128 != H = 96, so every [I, H] / [H, I] transpose mistake shows.
 T2 = H3Config(
-    num_attention_heads=4,
-    attention_head_dim=32,
-    hidden_size=96,
-    num_layers=3,
-    token_refiner_num_layers=2,
-    ffn_hidden_size=160,
-    text_dim=80,
-    timestep_input_dim=16,
-    time_embed_hidden_size=96,
-    time_embed_dim=48,
+    num_attention_heads=4, attention_head_dim=32, hidden_size=96,  # I = 4 x 32 = 128, not H
+    num_layers=3, token_refiner_num_layers=2,
+    ffn_hidden_size=160, text_dim=80,
+    timestep_input_dim=16, time_embed_hidden_size=96, time_embed_dim=48,
     rope_inv_freq_len=4,
 )
 

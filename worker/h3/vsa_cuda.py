@@ -137,7 +137,7 @@ def tile_means(tiled: torch.Tensor, geo: TiledGeometry) -> torch.Tensor:
 
 @triton.jit
 def _tile_and_mean_kernel(
-    tiled_ptr,  # out: padded buffer [B, 64·n, H, D], contiguous, x's dtype
+    tiled_ptr,  # out: padded buffer [B, 64·n, H, D] (HEAD_MAJOR: [B, H, 64·n, D]), contiguous, x's dtype
     mean_ptr,  # out: fp32 tile means [B, H, n, D], contiguous
     x_ptr,  # in: packed rows; element (b, s, h, d) at b*stride_xb + s*stride_xs + h*stride_xh + d
     source_ptr,  # in: int32 [64·n], packed row held by each slot, −1 for a pad slot
@@ -149,6 +149,7 @@ def _tile_and_mean_kernel(
     stride_xh,
     TILE: tl.constexpr,  # 64 slots per tile
     HEAD_DIM: tl.constexpr,  # D (power of two)
+    HEAD_MAJOR: tl.constexpr,  # write tiled as [B, H, 64·n, D] (fastvideo-kernel's layout) instead of [B, 64·n, H, D]
 ):
     # This program owns one (tile, head, batch item): it copies the tile's 64 slots × D channels into the padded
     # buffer (zeros at pad slots) and writes their fp32 column sums divided by the tile's true size.
@@ -162,10 +163,14 @@ def _tile_and_mean_kernel(
     dims = tl.arange(0, HEAD_DIM)
     x = tl.load(x_ptr + batch * stride_xb + rows[:, None] * stride_xs + head * stride_xh + dims[None, :],
                 mask=valid[:, None], other=0.0)
-    tiled_rows = (batch * num_tiles * TILE + slots) * heads + head  # row index in [B·64n·H, D]
+    plane = batch * heads + head
+    if HEAD_MAJOR:
+        tiled_rows = plane * num_tiles * TILE + slots  # row index in [B·H·64n, D]
+    else:
+        tiled_rows = (batch * num_tiles * TILE + slots) * heads + head  # row index in [B·64n·H, D]
     tl.store(tiled_ptr + tiled_rows[:, None] * HEAD_DIM + dims[None, :], x)
     mean = tl.sum(x.to(tl.float32), axis=0) / tl.load(size_ptr + tile)
-    tl.store(mean_ptr + ((batch * heads + head) * num_tiles + tile) * HEAD_DIM + dims, mean)
+    tl.store(mean_ptr + (plane * num_tiles + tile) * HEAD_DIM + dims, mean)
 
 
 @triton.jit
@@ -245,17 +250,23 @@ def tile_rows(x: torch.Tensor, geo: TiledGeometry) -> tuple[torch.Tensor, torch.
     return launch_tile_and_mean(x, geo)
 
 
-def launch_tile_and_mean(x: torch.Tensor, geo: TiledGeometry) -> tuple[torch.Tensor, torch.Tensor]:
-    """`tile_rows` through the Triton kernel (CUDA, or CPU tensors under TRITON_INTERPRET=1 in tests)."""
+def launch_tile_and_mean(x: torch.Tensor, geo: TiledGeometry,
+                         head_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """`tile_rows` through the Triton kernel (CUDA, or CPU tensors under TRITON_INTERPRET=1 in tests).
+
+    head_major: the padded buffer as [B, H, 64·n, D] (the compiled VSA kernel's input, `vsa_tk.tile_rows_bhsd`)
+    instead of FlexAttention's [B, 64·n, H, D]; the means are [B, H, n, D] either way.
+    """
     b, _, heads, dim = x.shape
     _check_head_dim(dim)
     if x.stride(3) != 1:
         x = x.contiguous()
-    tiled = x.new_empty((b, geo.num_slots, heads, dim))
+    tiled_shape = (b, heads, geo.num_slots, dim) if head_major else (b, geo.num_slots, heads, dim)
+    tiled = x.new_empty(tiled_shape)
     means = torch.empty((b, heads, geo.num_tiles, dim), dtype=torch.float32, device=x.device)
     _tile_and_mean_kernel[(geo.num_tiles, heads, b)](
         tiled, means, x, geo.slot_source, geo.tile_sizes, geo.num_tiles, heads,
-        x.stride(0), x.stride(1), x.stride(2), TILE=TILE_TOKENS, HEAD_DIM=dim, num_warps=4,
+        x.stride(0), x.stride(1), x.stride(2), TILE=TILE_TOKENS, HEAD_DIM=dim, HEAD_MAJOR=head_major, num_warps=4,
     )
     return tiled, means
 

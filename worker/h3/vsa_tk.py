@@ -9,7 +9,8 @@ wheel (ThunderKittens, Hopper TMA + WGMMA, one CTA per 64-row query tile). What 
 q, k, v bf16 [B, H, 64·n, D] contiguous (D = 128 here), the per-query-tile key-tile lists `q2k_idx` int32
 [B, H, n, width] with their counts `q2k_num` int32 [B, H, n], and the true row count of every key tile int32 [n]
 (pad key slots are masked with it); it returns (out [B, H, 64·n, D], lse). Its tiles are ours (64 slots, valid rows
-first), so the plan's padded buffer is its input once laid out head-major, which `_tile_bhsd_kernel` writes directly.
+first), so the plan's padded buffer is its input once laid out head-major, which vsa_cuda's tile kernel writes
+directly (`tile_rows_bhsd`).
 
 Only the extension module is loaded, by file path: the package's own `__init__` imports every other kernel family of
 the wheel, none of which is needed here. The wheels are built against a newer torch and NCCL than some hosts have;
@@ -36,18 +37,17 @@ import os
 from collections.abc import Callable
 
 import torch
-import triton
-import triton.language as tl
 
 from h3batch.settings import raw_value
 from h3batch.worker.h3.vsa_cuda import (
     TiledGeometry,
     _check_inputs,
     combine,
+    launch_tile_and_mean,
     tiled_geometry,
     vsa_attention_cuda,
 )
-from h3batch.worker.h3.vsa_plan import TILE_TOKENS, VsaPlan
+from h3batch.worker.h3.vsa_plan import VsaPlan
 
 KERNEL_ENV = "H3BATCH_VSA_KERNEL"
 PRELOAD_ENV = "H3BATCH_VSA_PRELOAD"
@@ -123,50 +123,9 @@ def use_tk(q: torch.Tensor, plan: VsaPlan) -> bool:
     return not reasons
 
 
-@triton.jit
-def _tile_bhsd_kernel(
-    tiled_ptr,  # out: padded buffer [B, H, 64·n, D], contiguous, x's dtype
-    mean_ptr,  # out: fp32 tile means [B, H, n, D], contiguous
-    x_ptr,  # in: packed rows; element (b, s, h, d) at b*stride_xb + s*stride_xs + h*stride_xh + d
-    source_ptr,  # in: int32 [64·n], packed row held by each slot, −1 for a pad slot
-    size_ptr,  # in: fp32 [n], true rows per tile
-    num_tiles,  # n
-    heads,  # H
-    stride_xb,
-    stride_xs,
-    stride_xh,
-    TILE: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-):
-    # One program per (tile, head, batch item): its 64 slots × D channels, zeros at pads, and the fp32 tile mean.
-    tile = tl.program_id(0)
-    head = tl.program_id(1).to(tl.int64)
-    batch = tl.program_id(2).to(tl.int64)
-    slots = (tile * TILE + tl.arange(0, TILE)).to(tl.int64)
-    source = tl.load(source_ptr + slots)
-    valid = source >= 0
-    rows = tl.where(valid, source, 0).to(tl.int64)
-    dims = tl.arange(0, HEAD_DIM)
-    x = tl.load(x_ptr + batch * stride_xb + rows[:, None] * stride_xs + head * stride_xh + dims[None, :],
-                mask=valid[:, None], other=0.0)
-    plane = batch * heads + head
-    tl.store(tiled_ptr + (plane * num_tiles * TILE + slots)[:, None] * HEAD_DIM + dims[None, :], x)
-    mean = tl.sum(x.to(tl.float32), axis=0) / tl.load(size_ptr + tile)
-    tl.store(mean_ptr + (plane * num_tiles + tile) * HEAD_DIM + dims, mean)
-
-
 def tile_rows_bhsd(x: torch.Tensor, geo: TiledGeometry) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed rows [B, S, H, D] → (padded head-major buffer [B, H, 64·n, D], zero pads; fp32 means [B, H, n, D])."""
-    b, _, heads, dim = x.shape
-    if x.stride(3) != 1:
-        x = x.contiguous()
-    tiled = x.new_empty((b, heads, geo.num_slots, dim))
-    means = torch.empty((b, heads, geo.num_tiles, dim), dtype=torch.float32, device=x.device)
-    _tile_bhsd_kernel[(geo.num_tiles, heads, b)](
-        tiled, means, x, geo.slot_source, geo.tile_sizes, geo.num_tiles, heads,
-        x.stride(0), x.stride(1), x.stride(2), TILE=TILE_TOKENS, HEAD_DIM=dim, num_warps=4,
-    )
-    return tiled, means
+    return launch_tile_and_mean(x, geo, head_major=True)
 
 
 @functools.lru_cache(maxsize=32)
