@@ -17,7 +17,7 @@ from h3batch.api.redis_client import get_redis
 from h3batch.api.schemas import CreateJob, first_error, job_view
 from h3batch.api.wait import POLL_S, wait_for_finish
 from h3batch.core import defaults, keys
-from h3batch.core.jobs import FINISHED, TERMINAL_EVENTS, JobStatus
+from h3batch.core.jobs import FINISHED, TERMINAL_EVENTS, JobStatus, load_job
 
 bp = Blueprint("jobs", __name__)
 log = logging.getLogger("h3batch.api")
@@ -87,7 +87,7 @@ def _wait(job_id: str, wait_s: float) -> dict | None:
     environ = request.environ
     if not pool.try_take(owner):
         g.wait_skipped = True
-        return wait_for_finish(get_redis(), job_id, 0)
+        return load_job(get_redis(), job_id)
     try:
         return wait_for_finish(get_redis(), job_id, wait_s, gone=lambda: slots.client_gone(environ))
     finally:
@@ -174,7 +174,6 @@ def events(job_id: str):
     stream_key = keys.events(job_id)
     keepalive_s = float(current_app.config["SSE_KEEPALIVE_S"])
     request_id = g.get("request_id")
-
     environ = request.environ
 
     def generate():
