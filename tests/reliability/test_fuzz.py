@@ -80,7 +80,10 @@ NUMERIC_TEXT = st.one_of(
                      "²", "²x128", "128x²", "", " ", "0", "-0", "true", "null"]),
 )
 NUMERIC_JSON = st.one_of(
+    st.sampled_from([1e308, -1e308, 1.7976931348623157e308, 5e-324, 32 * 10**399, 10**400, -(10**400), 2**63, 2**64,
+                     32 * 2**1100]),  # the extremes by name: random draws rarely land on a multiple of 32 > 1e308
     st.integers(min_value=-(10**400), max_value=10**400),
+    st.integers(min_value=1, max_value=10**400).map(lambda n: 32 * n),
     st.floats(allow_nan=True, allow_infinity=True),
     st.booleans(),
     st.none(),

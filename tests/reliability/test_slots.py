@@ -186,3 +186,22 @@ def test_redis_lost_mid_stream_ends_with_a_structured_error_event(slot_stack):
     assert requests.get(f"{api.base}/healthz", timeout=10).status_code == 200
     log = api.log_path.read_bytes()[log_start:].decode(errors="replace")
     assert "event stream ended: redis unavailable" in log and "Traceback" not in log, log[-3000:]
+
+
+def test_slot_budget_leaves_a_quarter_of_the_threads_to_plain_requests():
+    """The bounds follow the thread count: 64 threads give the configured 32 waits and 16 streams; the 8 threads the
+    shared test fixtures run give 3 and 3; a single thread gives none (every wait answers at once)."""
+    from h3batch.api.slots import SlotBudget, SlotPool, slot_budget  # noqa: PLC0415
+
+    assert slot_budget(64, 32, 16, 16, 8) == SlotBudget(threads=64, waits=32, waits_per_key=16, streams=16,
+                                                        streams_per_key=8)
+    assert (slot_budget(8, 32, 16, 16, 8).waits, slot_budget(8, 32, 16, 16, 8).streams) == (3, 3)
+    assert (slot_budget(1, 32, 16, 16, 8).waits, slot_budget(1, 32, 16, 16, 8).streams) == (0, 0)
+    for threads in range(1, 200):
+        budget = slot_budget(threads, 10**6, 10**6, 10**6, 10**6)
+        assert budget.waits + budget.streams <= threads - max(2, threads // 4) or budget.waits + budget.streams == 0
+    pool = SlotPool(per_process=3, per_key=2)
+    assert [pool.try_take("a"), pool.try_take("a"), pool.try_take("a"), pool.try_take("b"), pool.try_take("c")] == [
+        True, True, False, True, False]
+    pool.release("a")
+    assert pool.try_take("c") and pool.in_use() == 3 and pool.in_use("a") == 1
