@@ -33,7 +33,11 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         MAX_PROMPT_CHARS=settings.max_prompt_chars,
         MAX_RUN_S=settings.max_run_s,
         RESULT_TTL_S=settings.result_ttl_s,
+        API_THREADS=settings.api_threads,
+        WAIT_MAX=settings.wait_max,
+        WAIT_MAX_PER_KEY=settings.wait_max_per_key,
         SSE_MAX_STREAMS=settings.sse_max_streams,
+        SSE_MAX_STREAMS_PER_KEY=settings.sse_max_streams_per_key,
         SSE_MAX_S=settings.sse_max_s,
         SSE_KEEPALIVE_S=settings.sse_keepalive_s,
         OPENAI_MODEL=settings.openai_model,
@@ -57,6 +61,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         openapi,
         ratelimit,
         request_guard,
+        slots,
         stream_slots,
         sweeps,
         web,
@@ -67,6 +72,9 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     auth.init_auth(app)
     ratelimit.init_rate_limit(app)  # after auth: limits are per API key
     request_guard.init_request_guard(app)
+    budget = slots.init_slots(app)
+    log.debug("slots threads=%d waits=%d/%d per key streams=%d/%d per key", budget.threads, budget.waits,
+              budget.waits_per_key, budget.streams, budget.streams_per_key)
     stream_slots.init_stream_slots(app)  # after auth: only an authenticated event stream takes a stream slot
     app.after_request(_finish_request)
     app.register_blueprint(health.bp)

@@ -1,16 +1,21 @@
 """One error shape for every non-2xx answer: `{"error": {"code", "message", "retryable", "request_id"}}`.
 
 Views raise `ApiError`; werkzeug's own HTTP errors (404 for an unknown route, 405, 413 from `MAX_CONTENT_LENGTH`)
-and anything unexpected are turned into the same JSON shape here, so a client never sees HTML or a traceback.
+and anything unexpected are turned into the same JSON shape here, so a client never sees HTML or a traceback. The
+router's redirects (308 for `//jobs` or a missing trailing slash) carry the envelope too, and a Location that is only
+a path: werkzeug builds an absolute URL from the request's Host header, which a client can set to anything.
+gunicorn's own answers (414, 431, bad request lines) get the envelope in api/gunicorn_worker.py.
 """
 from __future__ import annotations
 
 import logging
 import re
+from urllib.parse import urlsplit
 
 import redis.exceptions
-from flask import Flask, g, jsonify
+from flask import Flask, g, jsonify, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import RequestRedirect
 
 log = logging.getLogger("h3batch.api")
 
@@ -52,6 +57,8 @@ _RETRYABLE_STATUSES = frozenset({408, 429, 502, 503, 504})
 def register_error_handlers(app: Flask) -> None:
     """Map ApiError, werkzeug HTTP errors and uncaught exceptions to the JSON envelope."""
 
+    app.after_request(_redirect_as_envelope)
+
     @app.errorhandler(ApiError)
     def _api_error(exc: ApiError):
         return error_response(exc.status, exc.code, exc.message, exc.retryable, exc.headers)
@@ -86,3 +93,15 @@ def register_error_handlers(app: Flask) -> None:
         log.exception("unhandled error request_id=%s", g.get("request_id"))
         return error_response(500, "internal_error", "internal server error; see the server log for this request_id",
                               True)
+
+
+def _redirect_as_envelope(response):
+    # Flask hands routing redirects straight to the client, past every error handler; they arrive here as
+    # werkzeug's HTML response.
+    if not isinstance(request.routing_exception, RequestRedirect):
+        return response
+    target = urlsplit(request.routing_exception.new_url)
+    location = (target.path or "/") + (f"?{target.query}" if target.query else "")
+    return error_response(response.status_code, "permanent_redirect",
+                          f"this resource is at {location}; repeat the request there", False,
+                          {"Location": location})

@@ -1,15 +1,17 @@
 """The Flask side both job APIs share: the job service's `Caller` for the current request, the caller's job by id,
-a JSON reply with the poll hint for unfinished jobs, and a file download with Range / ETag."""
+a JSON reply with the poll hint for unfinished jobs, and a file download with Range (RFC 9110's rules) / ETag."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flask import current_app, g, jsonify, send_file
+from flask import current_app, g, jsonify, request, send_file
+from werkzeug.http import parse_range_header
 
 from h3batch.api import job_service
 from h3batch.api.enqueue import enqueue_render
+from h3batch.api.errors import error_response
 from h3batch.api.redis_client import get_redis
 from h3batch.api.webhook_check import vet_webhook_url
 from h3batch.core.jobs import queue_position
@@ -46,9 +48,36 @@ def job_reply(record: dict[str, Any], status: int, render: Callable[[dict[str, A
     return response
 
 
+def _honoured_range(header: str | None, length: int) -> str | None:
+    """The Range header to act on for a file of `length` bytes (RFC 9110 §14.2): None, so the whole file is sent
+    with 200, when the header is absent, unparseable (`bytes=5-1`), in another unit (`items=0-1`) or asks for several
+    ranges (`bytes=0-1,5-6`: no multipart/byteranges here); `bytes=0-` for a suffix longer than the file, which
+    selects all of it. Any other single range is acted on as sent (206, or 416 when it starts past the end)."""
+    if not header:
+        return None
+    parsed = parse_range_header(header)
+    if parsed is None or parsed.units != "bytes" or len(parsed.ranges) != 1:
+        return None
+    start, end = parsed.ranges[0]
+    if end is None and start < 0 and -start >= length:
+        return "bytes=0-"
+    return header
+
+
 def send_job_file(path: Path, media_type: str, etag: str | bool, download_name: str):
-    """A job's file with Range, ETag / If-None-Match and HEAD; cacheable by the caller only."""
+    """A job's file with Range, ETag / If-None-Match / If-Match and HEAD; cacheable by the caller only. A failed
+    If-Match is 412 with the error envelope (never the file)."""
+    honoured = _honoured_range(request.headers.get("Range"), path.stat().st_size)
+    if honoured is None:
+        request.environ.pop("HTTP_RANGE", None)
+    else:
+        request.environ["HTTP_RANGE"] = honoured
     response = send_file(path, mimetype=media_type, conditional=True, etag=etag, download_name=download_name)
+    if response.status_code == 412:
+        response.close()  # werkzeug keeps the file as the 412's body; a failed precondition sends no content
+        return error_response(412, "precondition_failed", "If-Match: the file's current ETag matches none of "
+                                                          "the tags sent", False,
+                              {"ETag": response.headers.get("ETag", "")})
     response.headers["Accept-Ranges"] = "bytes"
     response.headers["Cache-Control"] = "private, max-age=3600"  # per-key content: never in shared caches
     return response

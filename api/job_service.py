@@ -134,14 +134,14 @@ def _create_and_enqueue(caller: Caller, req: CreateJob, api: str) -> dict[str, A
 
 
 def page_limit(text: str, *, digits_only: bool = False) -> int:
-    """A list's `limit`, 1..LIST_MAX_LIMIT. /v1/videos takes plain digits only; /jobs whatever int() reads."""
+    """A list's `limit`, 1..LIST_MAX_LIMIT. /v1/videos takes plain ASCII digits only; /jobs whatever int() reads."""
     try:
-        limit = int(text) if text.isdigit() or not digits_only else -1
+        limit = int(text) if (text.isascii() and text.isdigit()) or not digits_only else -1
     except ValueError:
         limit = -1
     if not 1 <= limit <= defaults.LIST_MAX_LIMIT:
         raise ApiError(400, "invalid_request", f"limit: expected an integer 1..{defaults.LIST_MAX_LIMIT}, "
-                                               f"found {text!r}")
+                                               f"found {text[:40]!r}")
     return limit
 
 

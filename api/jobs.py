@@ -2,21 +2,25 @@
 server-sent events. The views translate /jobs' wire format; the work is done by api/job_service.py."""
 from __future__ import annotations
 
+import json
+import logging
 import re
 import time
 
-from flask import Blueprint, Response, current_app, jsonify, request, stream_with_context
+import redis
+from flask import Blueprint, Response, current_app, g, jsonify, request, stream_with_context
 from pydantic import ValidationError
 
-from h3batch.api import idempotency, job_http, job_service
+from h3batch.api import idempotency, job_http, job_service, slots
 from h3batch.api.errors import ApiError
 from h3batch.api.redis_client import get_redis
 from h3batch.api.schemas import CreateJob, first_error, job_view
-from h3batch.api.wait import wait_for_finish
+from h3batch.api.wait import POLL_S, wait_for_finish
 from h3batch.core import defaults, keys
-from h3batch.core.jobs import FINISHED, TERMINAL_EVENTS, JobStatus
+from h3batch.core.jobs import FINISHED, TERMINAL_EVENTS, JobStatus, load_job
 
 bp = Blueprint("jobs", __name__)
+log = logging.getLogger("h3batch.api")
 
 JOBS = job_service.Vocabulary(
     api="jobs", noun="job", not_found="job_not_found", not_completed="job_not_completed",
@@ -27,12 +31,15 @@ POLL_AFTER_MS = "500"
 """`openai-poll-after-ms` on queued / in-progress jobs."""
 _FINISHED = frozenset(s.value for s in FINISHED)
 _PREFER_WAIT = re.compile(r"(?:^|[,;\s])wait\s*=\s*(\d+)", re.IGNORECASE)
-_EVENT_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+_EVENT_ID = re.compile(r"^([0-9]{1,20})-([0-9]{1,20})$")
+_STREAM_ID_MAX = 2**64 - 1
+"""Each half of a Redis stream id is an unsigned 64-bit integer; a larger one makes XREAD fail mid-stream."""
 """An SSE comment line at least this often keeps proxies from closing an idle event stream."""
-_EVENT_BLOCK_MS = 2000  # one XREAD BLOCK; below the Redis client's 5 s socket timeout
+_EVENT_BLOCK_MS = int(POLL_S * 1000)  # one XREAD BLOCK; between two looks at the client's connection
 _ERROR_CODES = {"extra_forbidden": "unsupported_parameter", "unsupported_size": "unsupported_size",
                 "unsupported_duration": "unsupported_duration"}
-_OWN_MESSAGES = ("unsupported_size", "unsupported_duration", "empty_prompt", "prompt_too_long", "invalid_text")
+_OWN_MESSAGES = ("unsupported_size", "unsupported_duration", "empty_prompt", "prompt_too_long", "invalid_text",
+                 "bool_refused")
 """Validation errors whose message already names the field."""
 
 
@@ -50,22 +57,41 @@ def _validated(body: dict) -> CreateJob:
 
 
 def _requested_wait() -> float:
-    """Seconds of blocking wait asked for with `?wait=N` or `Prefer: wait=N` (0 when none), capped."""
+    """Seconds of blocking wait asked for with `?wait=N` (0..MAX_WAIT_S, else 400) or `Prefer: wait=N` (clamped to
+    MAX_WAIT_S: RFC 7240 makes a preference a hint the server may honour in part); 0 when none."""
     raw = request.args.get("wait")
     if raw is None:
         match = _PREFER_WAIT.search(request.headers.get("Prefer", ""))
-        raw = match.group(1) if match else "0"
+        return min(float(match.group(1)), float(defaults.MAX_WAIT_S)) if match else 0.0
     try:
         seconds = float(raw)
     except ValueError:
         seconds = -1.0
     if not 0 <= seconds <= defaults.MAX_WAIT_S:
-        raise ApiError(400, "invalid_request", f"wait: expected seconds 0..{defaults.MAX_WAIT_S}, found {raw!r}")
+        raise ApiError(400, "invalid_request", f"wait: expected seconds 0..{defaults.MAX_WAIT_S}, found {raw[:40]!r}")
     return seconds
 
 
 def _reply(record: dict, status: int):
-    return job_http.job_reply(record, status, job_view, POLL_AFTER_MS)
+    response = job_http.job_reply(record, status, job_view, POLL_AFTER_MS)
+    if g.get("wait_skipped"):
+        response.headers["h3batch-wait"] = "skipped: wait slots full; the job as it is now"
+    return response
+
+
+def _wait(job_id: str, wait_s: float) -> dict | None:
+    """wait_for_finish in one of this process's wait slots (per key and per process, api/slots.py); with none free,
+    the record as it is now, at once (the reply says so in `h3batch-wait`)."""
+    pool: slots.SlotPool = current_app.extensions[slots.WAITS_KEY]
+    owner = g.get("owner") or ""
+    environ = request.environ
+    if not pool.try_take(owner):
+        g.wait_skipped = True
+        return load_job(get_redis(), job_id)
+    try:
+        return wait_for_finish(get_redis(), job_id, wait_s, gone=lambda: slots.client_gone(environ))
+    finally:
+        pool.release(owner)
 
 
 @bp.post("/jobs")
@@ -81,7 +107,7 @@ def create():
                                               idempotency.parse_key(request.headers.get("Idempotency-Key")),
                                               idempotency.fingerprint(req.model_dump(mode="json")))
     if not replayed and wait_s > 0:
-        record = wait_for_finish(get_redis(), record["id"], wait_s) or record
+        record = _wait(record["id"], wait_s) or record
     response = _reply(record, 200 if not replayed and record["status"] in _FINISHED else 202)
     response.headers["Location"] = f"/jobs/{record['id']}"
     if replayed:  # a retry of a create that already made its job
@@ -95,7 +121,7 @@ def get(job_id: str):
     record = job_http.owned_job(job_id, JOBS)
     wait_s = _requested_wait()
     if wait_s > 0 and record["status"] not in _FINISHED:
-        record = wait_for_finish(get_redis(), job_id, wait_s)
+        record = _wait(job_id, wait_s)
         if record is None:
             raise ApiError(404, "job_not_found", f"no job with id {job_id!r}")
         record = job_service.expire_if_due(job_http.caller(), record)
@@ -140,32 +166,45 @@ def events(job_id: str):
     """
     job_http.owned_job(job_id, JOBS)
     last_id = request.headers.get("Last-Event-ID", "").strip() or "0-0"
-    if not _EVENT_ID.match(last_id):
+    parts = _EVENT_ID.match(last_id)
+    if parts is None or max(int(parts.group(1)), int(parts.group(2))) > _STREAM_ID_MAX:
         raise ApiError(400, "invalid_request", f"Last-Event-ID: expected an event id like 1700000000000-0, "
                                                f"found {last_id[:40]!r}")
     r = get_redis()
     stream_key = keys.events(job_id)
     keepalive_s = float(current_app.config["SSE_KEEPALIVE_S"])
+    request_id = g.get("request_id")
+    environ = request.environ
 
     def generate():
         cursor, last_write = last_id, time.monotonic()
-        while True:
-            batch = r.xread({stream_key: cursor}, count=100, block=_EVENT_BLOCK_MS)
-            for entry_id, fields in (batch[0][1] if batch else []):
-                cursor = entry_id
-                yield f"id: {entry_id}\nevent: {fields['event']}\ndata: {fields['data']}\n\n"
-                last_write = time.monotonic()
-                if fields["event"] in TERMINAL_EVENTS:
-                    return
-            if not batch:
-                status = r.hget(keys.job(job_id), "status")
-                if status is None or status == JobStatus.EXPIRED.value:
-                    return  # deleted or expired: nothing more will come
-                if status in _FINISHED and not r.xread({stream_key: cursor}, count=1):
-                    return  # finished and the client already has the terminal event
-                if time.monotonic() - last_write >= keepalive_s:
-                    yield ": keep-alive\n\n"
+        try:
+            while not slots.client_gone(environ):
+                batch = r.xread({stream_key: cursor}, count=100, block=_EVENT_BLOCK_MS)
+                for entry_id, fields in (batch[0][1] if batch else []):
+                    cursor = entry_id
+                    yield f"id: {entry_id}\nevent: {fields['event']}\ndata: {fields['data']}\n\n"
                     last_write = time.monotonic()
+                    if fields["event"] in TERMINAL_EVENTS:
+                        return
+                if not batch:
+                    status = r.hget(keys.job(job_id), "status")
+                    if status is None or status == JobStatus.EXPIRED.value:
+                        return  # deleted or expired: nothing more will come
+                    if status in _FINISHED and not r.xread({stream_key: cursor}, count=1):
+                        return  # finished and the client already has the terminal event
+                    if time.monotonic() - last_write >= keepalive_s:
+                        yield ": keep-alive\n\n"
+                        last_write = time.monotonic()
+        except redis.exceptions.RedisError as exc:
+            # Redis went away mid-stream: end with a structured event the client can act on (reconnect with
+            # Last-Event-ID once Redis is back), not a traceback in the log and a cut connection.
+            log.warning("event stream ended: redis unavailable error=%s", type(exc).__name__,
+                        extra={"job_id": job_id, "request_id": request_id})
+            error = {"code": "storage_unavailable", "message": "the job store (Redis) is unavailable; reconnect "
+                                                               "with Last-Event-ID to resume", "retryable": True,
+                     "request_id": request_id}
+            yield f"retry: 5000\nevent: error\ndata: {json.dumps({'error': error})}\n\n"
 
     return Response(stream_with_context(generate()), mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

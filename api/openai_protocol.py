@@ -15,6 +15,7 @@ to T2VA (`width`, `height`, `num_frames`, `fps`, `seed`, `num_inference_steps`, 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from h3batch.api.errors import ApiError
 from h3batch.api.job_service import Vocabulary
-from h3batch.api.schemas import CreateJob, first_error
+from h3batch.api.schemas import CreateJob, first_error, shown
 from h3batch.core import defaults, request_rules
 from h3batch.core.geometry import FPS, GeometryError, RequestGeometry
 from h3batch.core.jobs import FINISHED, JobStatus
@@ -46,6 +47,7 @@ _UNSUPPORTED = {
     "video_params": "send width, height, num_frames and fps as top-level fields",
 }
 _SAMPLER_INTS = ("num_inference_steps",)
+_FLOAT_FIELDS = ("guidance_scale", "flow_shift", "audio_flow_shift")
 _INT_FIELDS = ("seed", "width", "height", "num_frames", "fps")
 _ACCEPTED = ("prompt", "model", "seconds", "size", "user", "width", "height", "num_frames", "fps", "seed",
              "num_inference_steps", "guidance_scale", "flow_shift", "audio_flow_shift", "generate_sound",
@@ -58,16 +60,29 @@ def _bad(field: str, message: str, code: str = "invalid_request") -> ApiError:
 
 # --- request parsing ---
 
+MAX_INT_DIGITS = 30
+"""Longest integer accepted in any numeric field; every real value has at most 19 digits (a 63-bit seed), and a
+longer one would only overflow the float arithmetic of the geometry rules further on."""
+_ASCII_INT = re.compile(r"^\s*\+?([0-9]+)\s*$")
+
+
 def _as_int(field: str, value: Any) -> int:
+    """An integer from JSON (int, integral float) or a form's text: ASCII digits with an optional "+", at most
+    MAX_INT_DIGITS of them (so "++5", "²", "٣" and 5000-digit strings are 400, never int()'s ValueError)."""
     if isinstance(value, bool):
-        raise _bad(field, f"expected an integer, found {value!r}")
-    if isinstance(value, int):
-        return value
+        raise _bad(field, f"expected an integer, found {str(value).lower()}")
     if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.strip().lstrip("+").isdigit():
-        return int(value.strip())
-    raise _bad(field, f"expected an integer, found {value!r}")
+        value = int(value)
+    if isinstance(value, int):
+        if abs(value) >= 10 ** MAX_INT_DIGITS:
+            raise _bad(field, f"expected an integer of at most {MAX_INT_DIGITS} digits, found {shown(value)}")
+        return value
+    match = _ASCII_INT.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise _bad(field, f"expected an integer, found {shown(value)}")
+    if len(match.group(1)) > MAX_INT_DIGITS:
+        raise _bad(field, f"expected an integer of at most {MAX_INT_DIGITS} digits, found {shown(value)}")
+    return int(match.group(1))
 
 
 def _as_seconds(value: Any) -> float:
@@ -76,23 +91,23 @@ def _as_seconds(value: Any) -> float:
         raise ApiError(400, "unsupported_duration", f"seconds: expected a decimal string like \"4\", found {value!r}")
     try:
         seconds = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ApiError(400, "unsupported_duration", f"seconds: expected a decimal string like \"4\", "
-                                                    f"found {value!r}") from None
+                                                    f"found {shown(value)}") from None
     if seconds != seconds or seconds in (float("inf"), float("-inf")):
-        raise ApiError(400, "unsupported_duration", f"seconds: expected a finite number, found {value!r}")
+        raise ApiError(400, "unsupported_duration", f"seconds: expected a finite number, found {shown(value)}")
     return seconds
 
 
+_SIZE = re.compile(r"^\s*([0-9]{1,%d})\s*x\s*([0-9]{1,%d})\s*$" % (MAX_INT_DIGITS, MAX_INT_DIGITS), re.IGNORECASE)
+
+
 def _as_size(value: Any) -> tuple[int, int]:
-    if not isinstance(value, str) or value.lower().count("x") != 1:
+    match = _SIZE.match(value) if isinstance(value, str) else None
+    if match is None:
         raise ApiError(400, "unsupported_size", f"size: expected \"<width>x<height>\" like \"256x128\", "
-                                                f"found {value!r}")
-    width, height = value.lower().split("x")
-    if not (width.strip().isdigit() and height.strip().isdigit()):
-        raise ApiError(400, "unsupported_size", f"size: expected \"<width>x<height>\" like \"256x128\", "
-                                                f"found {value!r}")
-    return int(width), int(height)
+                                                f"found {shown(value)}")
+    return int(match.group(1)), int(match.group(2))
 
 
 def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]:
@@ -130,16 +145,21 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
         else:
             try:
                 resolved = RequestGeometry(width, height, seconds).num_frames
-            except GeometryError:
-                resolved = None  # the duration error below names the real problem
+            except (GeometryError, OverflowError):
+                resolved = None  # the size or duration error of CreateJob names the real problem
             if resolved is not None and ints["num_frames"] not in (resolved, round(seconds * FPS)):
                 raise ApiError(400, "unsupported_duration", f"num_frames: {ints['num_frames']} contradicts seconds "
                                                             f"{fields['seconds']!r} ({resolved} frames)")
     if seconds is None:
         seconds = defaults.DEFAULT_SECONDS
 
+    for name in (*_FLOAT_FIELDS, *_NO_CFG_FIELDS):
+        value = fields.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** MAX_INT_DIGITS:
+            # float() of it overflows inside the sampler rules; no real setting is that large
+            raise _bad(name, f"expected a number of at most {MAX_INT_DIGITS} digits, found {shown(value)}")
     sampler: dict[str, Any] = {}
-    for name in ("num_inference_steps", "guidance_scale", "flow_shift", "audio_flow_shift"):
+    for name in ("num_inference_steps", *_FLOAT_FIELDS):
         value = fields.get(name)
         if value in (None, ""):
             continue
@@ -182,7 +202,7 @@ def _check_extra_params(raw: Any) -> None:
         raise _bad(f"extra_params.{name}", "not supported (only task=\"t2va\")", "unsupported_parameter")
 
 
-_OWN_MESSAGES = ("unsupported_size", "unsupported_duration", "empty_prompt", "prompt_too_long")
+_OWN_MESSAGES = ("unsupported_size", "unsupported_duration", "empty_prompt", "prompt_too_long", "bool_refused")
 """Validation errors whose message already names the field."""
 
 

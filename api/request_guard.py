@@ -4,6 +4,9 @@ Every query parameter of the API takes one value (limit, after, order, status, w
 `request.args.get` silently takes the first of `?limit=5&limit=abc`, so the rest would be accepted unread; here a
 repeated parameter is 400 `invalid_request` naming it, which is what the OpenAPI document promises (the schemas give
 each parameter a single type, and Schemathesis sends repeats as arrays to check that they are refused).
+
+A chunked body (no Content-Length) over MAX_CONTENT_LENGTH is 413 like a declared one: werkzeug stops reading such a
+body at the limit and hands the views the first 64 KiB, which they would refuse as broken JSON (400).
 """
 from __future__ import annotations
 
@@ -14,6 +17,14 @@ from h3batch.api.errors import ApiError
 
 def init_request_guard(app: Flask) -> None:
     app.before_request(_one_value_per_query_parameter)
+    app.before_request(_chunked_body_within_limit)
+
+
+def _chunked_body_within_limit() -> None:
+    if request.content_length is not None or "chunked" not in request.headers.get("Transfer-Encoding", "").lower():
+        return
+    request.get_data(cache=True)  # up to the limit; the views read this cached copy
+    request.stream.read(1)  # past the limit werkzeug's bounded stream raises RequestEntityTooLarge (413)
 
 
 def _one_value_per_query_parameter() -> None:

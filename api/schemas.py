@@ -18,6 +18,17 @@ StageName = Literal["queued", "text_encode", "denoise", "decode", "mux", "finali
 
 MAX_CANVAS_PIXELS = 1344 * 768
 """Largest canvas area accepted: the model's bucket area (spec h3-model.md: larger requests are scaled down to it)."""
+MAX_EDGE = MAX_CANVAS_PIXELS // 32
+"""Longest edge that can pass the area cap (the other edge at its 32-pixel minimum); anything longer is refused before
+the geometry rules run, whose float arithmetic overflows on a 400-digit width."""
+MAX_SECONDS = 3600.0
+"""Durations above this are refused before the geometry rules (round(24 * 1e308) overflows); the window is 4..15 s."""
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """repr(value) cut to `limit` characters, so a 5000-digit number does not fill the error message."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 class CreateJob(BaseModel):
@@ -45,6 +56,16 @@ class CreateJob(BaseModel):
     webhook_url: str | None = Field(None, min_length=1, max_length=2048,
                                     description="http(s) URL that gets a signed POST (Standard Webhooks) when the job "
                                                 "completes, fails or is cancelled; see docs/api.md.")
+
+    @field_validator("seed", "width", "height", "seconds", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: Any, info: ValidationInfo) -> Any:
+        # JSON true/false would pass pydantic's lax int/float mode as 1/0; /v1/videos has always refused them.
+        if isinstance(value, bool):
+            raise PydanticCustomError("bool_refused", "{field}: expected {kind}, found {found}",
+                                      {"field": info.field_name, "found": str(value).lower(),
+                                       "kind": "a number" if info.field_name == "seconds" else "an integer"})
+        return value
 
     @field_validator("prompt", "release")
     @classmethod
@@ -78,6 +99,15 @@ class CreateJob(BaseModel):
 
     @model_validator(mode="after")
     def _geometry_supported(self) -> "CreateJob":
+        for name in ("width", "height"):
+            value = getattr(self, name)
+            if value > MAX_EDGE:
+                raise PydanticCustomError("unsupported_size", "{field}: expected at most {limit} pixels (the model's "
+                                          "1344x768 area at the 32-pixel minimum edge), found {found}",
+                                          {"field": name, "limit": MAX_EDGE, "found": shown(value)})
+        if self.seconds > MAX_SECONDS:
+            raise PydanticCustomError("unsupported_duration", "seconds: expected a duration of 4 to 15 s, found "
+                                      "{found}", {"found": shown(self.seconds)})
         try:
             RequestGeometry(self.width, self.height, self.seconds)
         except GeometryError as exc:

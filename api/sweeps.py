@@ -87,8 +87,9 @@ def create_sweep():
 def list_sweeps():
     """Newest sweeps first (without points); `?limit=` 1-200. Raises 400 invalid_limit."""
     raw = request.args.get("limit", "50")
-    if not raw.isdigit() or not 1 <= int(raw) <= 200:
-        raise ApiError(400, "invalid_limit", f"limit must be an integer in [1,200], got {raw!r}")
+    # isdigit() alone admits "²" and "٣", which int() then refuses or reads: plain ASCII digits, at most 3 of them.
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 3) or not 1 <= int(raw) <= 200:
+        raise ApiError(400, "invalid_limit", f"limit must be an integer in [1,200], got {raw[:40]!r}")
     records = sweep_store.list_sweeps(get_redis(), int(raw))
     return jsonify({"sweeps": [{**rec, "links": _links(rec)} for rec in records]})
 

@@ -2,7 +2,10 @@
 
 SSRF guard: only http(s) URLs without credentials; metadata host names, link-local (169.254.0.0/16, fe80::/10),
 unspecified, multicast and reserved addresses are always refused; loopback and private ranges only when
-H3BATCH_WEBHOOK_ALLOW_LOOPBACK / H3BATCH_WEBHOOK_ALLOW_PRIVATE say so. Every address a name resolves to must pass,
+H3BATCH_WEBHOOK_ALLOW_LOOPBACK / H3BATCH_WEBHOOK_ALLOW_PRIVATE say so. IPv6 addresses that embed an IPv4 one (mapped
+::ffff:0:0/96, 6to4 2002::/16, Teredo 2001::/32, NAT64 64:ff9b::/96) are judged by what they embed, and an embedding
+of anything but a public address is refused whatever the flags say: a relay or NAT64 gateway would deliver it to
+that address, and no legitimate receiver is reached that way. Every address a name resolves to must pass,
 and the delivery connects to the vetted address itself (worker/webhook_delivery.py), so a DNS answer that changes
 between check and connect (rebinding) cannot redirect the request.
 """
@@ -63,10 +66,30 @@ class WebhookRefused(ValueError):
 
 # --- URL and address checks ---
 
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> tuple[str, list[ipaddress.IPv4Address]]:
+    """(kind, the IPv4 addresses `ip` carries) for 6to4, Teredo (server and client) and NAT64; ("", []) if none."""
+    if ip.sixtofour is not None:
+        return "6to4", [ip.sixtofour]
+    if ip.teredo is not None:
+        return "Teredo", list(ip.teredo)
+    if ip in _NAT64:
+        return "NAT64", [ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)]
+    return "", []
+
+
 def _check_address(address: str, host: str, settings: WebhookSettings) -> None:
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        kind, inner = _embedded_ipv4(ip)
+        for embedded in inner:
+            if not embedded.is_global:
+                raise WebhookRefused(f"webhook_url: {host!r} resolves to {ip}, a {kind} address embedding non-public "
+                                     f"{embedded}; expected a public http(s) endpoint")
     if ip.is_link_local or ip.is_unspecified or ip.is_multicast or ip.is_reserved:
         raise WebhookRefused(f"webhook_url: {host!r} resolves to {ip}, a link-local/unspecified/multicast/reserved "
                              f"address; expected a public http(s) endpoint")

@@ -11,6 +11,8 @@ their configuration from it without importing each other.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import socket
 from collections.abc import Callable, Mapping
@@ -105,6 +107,27 @@ def _path(name: str, raw: str) -> Path:
     return Path(raw)
 
 
+WEBHOOK_SECRET_BYTES = (24, 64)
+"""Key length range of a `whsec_` secret, as the Standard Webhooks specification sets it."""
+
+
+def _webhook_secret(name: str, raw: str) -> str:
+    # Checked here, at start, so a bad secret stops the API and every worker with one line instead of failing
+    # inside the signer on every delivery attempt. The value itself never appears in the message.
+    # A secret without the prefix is used as its UTF-8 bytes (docs/api.md), so only the whsec_ form has a format.
+    if not raw.startswith("whsec_"):
+        return raw
+    try:
+        key = base64.b64decode(raw[len("whsec_"):], validate=True)
+    except binascii.Error:
+        raise ConfigError(f"{name}: expected 'whsec_' followed by base64, found text after whsec_ that is not "
+                          f"valid base64") from None
+    low, high = WEBHOOK_SECRET_BYTES
+    if not low <= len(key) <= high:
+        raise ConfigError(f"{name}: expected a key of {low} to {high} bytes after whsec_, found {len(key)} bytes")
+    return raw
+
+
 def _level(name: str, raw: str) -> str:
     value = raw.upper()
     if value not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
@@ -142,8 +165,17 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "job creations per minute per key (0: unlimited)"),
     ("H3BATCH_RATE_READS_PER_MIN", "rate_reads_per_min", "600", _non_negative_int, "api",
      "other requests per minute per key (0: unlimited)"),
-    ("H3BATCH_SSE_MAX_STREAMS", "sse_max_streams", "4", _positive_int, "api",
-     "concurrent SSE event streams per API process"),
+    ("H3BATCH_API_THREADS", "api_threads", "64", _positive_int, "api",
+     "request threads per gunicorn worker of `h3batch api` (`--threads` overrides); wait and stream slots leave a "
+     "quarter of them to plain requests"),
+    ("H3BATCH_WAIT_MAX", "wait_max", "32", _non_negative_int, "api",
+     "concurrent long-poll waits (`?wait=N`, `Prefer: wait=N`) per API process; past it a wait answers at once"),
+    ("H3BATCH_WAIT_MAX_PER_KEY", "wait_max_per_key", "16", _non_negative_int, "api",
+     "concurrent long-poll waits per API key and process"),
+    ("H3BATCH_SSE_MAX_STREAMS", "sse_max_streams", "16", _positive_int, "api",
+     "concurrent SSE event streams per API process (503 too_many_streams past it)"),
+    ("H3BATCH_SSE_MAX_STREAMS_PER_KEY", "sse_max_streams_per_key", "8", _positive_int, "api",
+     "concurrent SSE event streams per API key and process"),
     ("H3BATCH_SSE_MAX_S", "sse_max_s", "300", _positive_float, "api",
      "longest one SSE stream stays open (the client reconnects with Last-Event-ID)"),
     ("H3BATCH_SSE_KEEPALIVE_S", "sse_keepalive_s", "15", _positive_float, "api",
@@ -165,8 +197,9 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
     ("H3BATCH_DEBUG_STEP_DELAY_S", "debug_step_delay_s", "0", _non_negative_float, "worker",
      "test knob: the worker sleeps this long at each progress report (widens cancel windows in tests)"),
     # webhooks (API vets URLs, workers deliver)
-    ("H3BATCH_WEBHOOK_SECRET", "webhook_secret", "(unset: webhooks off)", _text, "webhooks",
-     "signing secret (`whsec_` + base64) for webhook deliveries"),
+    ("H3BATCH_WEBHOOK_SECRET", "webhook_secret", "(unset: webhooks off)", _webhook_secret, "webhooks",
+     "signing secret for webhook deliveries: `whsec_` + base64 of a 24..64-byte key (checked at start), or plain "
+     "text used as its bytes"),
     ("H3BATCH_WEBHOOK_ALLOW_LOOPBACK", "webhook_allow_loopback", "0", _flag, "webhooks",
      "accept webhook URLs on loopback addresses (local testing only)"),
     ("H3BATCH_WEBHOOK_ALLOW_PRIVATE", "webhook_allow_private", "0", _flag, "webhooks",
@@ -231,7 +264,11 @@ class Settings:
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # secrets: never in repr or logs
     rate_creates_per_min: int = 60
     rate_reads_per_min: int = 600
-    sse_max_streams: int = 4
+    api_threads: int = 64
+    wait_max: int = 32
+    wait_max_per_key: int = 16
+    sse_max_streams: int = 16
+    sse_max_streams_per_key: int = 8
     sse_max_s: float = 300.0
     sse_keepalive_s: float = 15.0
     openai_model: str = "FastVideo/FastVideo-FastH3-8-Step-V2"

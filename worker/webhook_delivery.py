@@ -197,20 +197,43 @@ def deliver_due(r: redis.Redis, settings: WebhookSettings, *, now: float | None 
     return attempted
 
 
+OUTAGE_LOG_EVERY_S = 30.0
+"""While Redis stays unreachable the dispatcher logs one line per this many seconds (it polls every 0.5 s)."""
+
+
 class WebhookDispatcher(threading.Thread):
     """Daemon thread: every `poll_s`, attempt the deliveries that are due."""
 
-    def __init__(self, r: redis.Redis, settings: WebhookSettings):
+    def __init__(self, r: redis.Redis, settings: WebhookSettings, outage_log_every_s: float = OUTAGE_LOG_EVERY_S):
         super().__init__(name="h3batch-webhooks", daemon=True)
         self.r, self.settings = r, settings
+        self.outage_log_every_s = outage_log_every_s
         self._stop_event = threading.Event()
 
     def run(self) -> None:
+        outage_since: float | None = None
+        failed_polls = 0
+        last_logged = float("-inf")
         while not self._stop_event.wait(self.settings.poll_s):
             try:
                 deliver_due(self.r, self.settings)
-            except Exception:  # a Redis blip or a bad record must not end deliveries; the next poll retries
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                # An outage fails every poll the same way: one line now and one per outage_log_every_s, no traceback.
+                now = time.monotonic()
+                outage_since = now if outage_since is None else outage_since
+                failed_polls += 1
+                if now - last_logged >= self.outage_log_every_s:
+                    log.warning("webhook dispatch paused: redis unavailable error=%s for_s=%.0f failed_polls=%d",
+                                type(exc).__name__, now - outage_since, failed_polls)
+                    last_logged = now
+                continue
+            except Exception:  # a bad record must not end deliveries; the next poll retries
                 log.exception("webhook dispatch failed")
+                continue
+            if outage_since is not None:
+                log.warning("webhook dispatch resumed: redis back after %.0f s (%d failed polls)",
+                            time.monotonic() - outage_since, failed_polls)
+                outage_since, failed_polls, last_logged = None, 0, float("-inf")
 
     def stop(self) -> None:
         self._stop_event.set()

@@ -80,6 +80,41 @@ def test_submit_refuses_unsafe_webhook_urls(compat_api, url):
         assert reply.json()["error"]["code"] == "invalid_webhook_url"
 
 
+EMBEDDED_UNSAFE = [
+    "http://[2002:7f00:1::1]/",  # 6to4 of 127.0.0.1
+    "http://[2002:a9fe:a9fe::1]/",  # 6to4 of 169.254.169.254 (instance metadata)
+    "http://[2002:c0a8:1::1]/hook",  # 6to4 of 192.168.0.1
+    "http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/",  # Teredo, client 127.0.0.1 (obfuscated)
+    "http://[2001:0:a9fe:a9fe::1]/",  # Teredo, server 169.254.169.254
+    "http://[64:ff9b::a9fe:a9fe]/",  # NAT64 of 169.254.169.254
+]
+
+
+@pytest.mark.parametrize("url", EMBEDDED_UNSAFE)
+def test_submit_refuses_ipv4_embedded_in_6to4_teredo_nat64(compat_api, rc, url):
+    """IPv6 addresses embedding loopback, link-local or private IPv4 (6to4 2002::/16, Teredo 2001::/32, NAT64) are
+    422 at submission on both routes even with H3BATCH_WEBHOOK_ALLOW_LOOPBACK=1 (this API's setting), and no job is
+    made. This API has no dispatcher running beside it in this test, and none of these URLs is ever contacted."""
+    before = rc.zcard("h3b:jobs")
+    for path, body in (("/jobs", {"prompt": "x", "webhook_url": url}),
+                       ("/v1/videos", {"prompt": "x", "size": "256x128", "webhook_url": url})):
+        reply = requests.post(compat_api.base + path, json=body, headers=auth(), timeout=10)
+        assert reply.status_code == 422, (path, reply.text)
+        error = reply.json()["error"]
+        assert error["code"] == "invalid_webhook_url" and "embedding non-public" in error["message"], error
+    assert rc.zcard("h3b:jobs") == before
+
+
+def test_embedded_public_ipv4_is_still_judged_by_the_usual_rules():
+    """The unwrapping refuses by what is embedded, not by the prefix: 6to4 of a public address passes the check
+    (no connection is made: check_url only parses and resolves a literal)."""
+    permissive = webhook_urls.WebhookSettings(secret=WEBHOOK_SECRET, allow_loopback=True, allow_private=True)
+    assert webhook_urls.check_url("http://[2002:808:808::1]/hook", permissive).addresses == ("2002:808:808::1",)
+    for url in EMBEDDED_UNSAFE:
+        with pytest.raises(webhook_urls.WebhookRefused, match="embedding non-public"):
+            webhook_urls.check_url(url, permissive)
+
+
 def test_loopback_only_with_the_flag_and_delivery_time_recheck(rc):
     """Loopback passes only with allow_loopback; at delivery time the URL is re-resolved and a now-unsafe target is
     refused, logged, and not retried."""

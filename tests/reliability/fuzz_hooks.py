@@ -1,8 +1,9 @@
 """Schemathesis hooks for the fuzz run (loaded through SCHEMATHESIS_HOOKS=tests.reliability.fuzz_hooks).
 
-The fuzz API has no worker, so jobs never finish; a valid blocking wait (`?wait=N` or `Prefer: wait=N`, N <= 60) would
-then only measure the client's timeout. Valid waits are shortened to 0.2 s, which keeps them valid (the case stays
-positive or negative as generated); out-of-range and malformed values are sent unchanged and must get 400.
+The fuzz API has no worker, so jobs never finish; a valid blocking wait (`?wait=N`, N <= 60, or any `Prefer: wait=N`,
+which the API clamps to 60 s) would then only measure the client's timeout. Valid `?wait` values are shortened to
+0.2 s, which keeps them valid (the case stays positive or negative as generated), and every `Prefer: wait=N` becomes
+`wait=0`; out-of-range and malformed `?wait` values are sent unchanged and must get 400.
 """
 from __future__ import annotations
 
@@ -26,5 +27,4 @@ def before_call(context, case, **kwargs):
     if case.query and "wait" in case.query:
         case.query["wait"] = _short(case.query["wait"])
     if case.headers and isinstance(case.headers.get("Prefer"), str):
-        case.headers["Prefer"] = _PREFER_WAIT.sub(lambda m: m.group(1) + ("0" if int(m.group(2)) <= 60 else
-                                                                             m.group(2)), case.headers["Prefer"])
+        case.headers["Prefer"] = _PREFER_WAIT.sub(lambda m: m.group(1) + "0", case.headers["Prefer"])

@@ -2,6 +2,12 @@
 a traceback; odd but valid text (emoji, astral-plane characters) is accepted and stored unchanged."""
 from __future__ import annotations
 
+import json
+import re
+import socket
+import threading
+import time
+
 import pytest
 import requests
 
@@ -105,3 +111,172 @@ def test_bad_wait_and_event_id_on_an_existing_job_are_400(keyed_stack):
         _assert_envelope(requests.get(base, params=params, headers=bearer(KEY_A), timeout=30), 400, "invalid_request")
     events = requests.get(f"{base}/events", headers={**bearer(KEY_A), "Last-Event-ID": "../../etc"}, timeout=30)
     _assert_envelope(events, 400, "invalid_request")
+
+
+# --- P5 round two: inputs that used to reach a 5xx (retryable, so SDKs retried them) ---
+
+def _assert_final_4xx(reply: requests.Response, status: int = 400, code: str | None = None) -> dict:
+    error = _assert_envelope(reply, status, code)
+    assert error["retryable"] is False, error
+    return error
+
+
+@pytest.mark.parametrize("body, code", [
+    (b'{"prompt": "x", "seconds": 1e308}', "unsupported_duration"),  # round(24 * 1e308): OverflowError
+    (b'{"prompt": "x", "width": 32' + b"0" * 398 + b", \"height\": 32}", "unsupported_size"),  # 400 digits
+    (b'{"prompt": "x", "height": 32' + b"0" * 398 + b"}", "unsupported_size"),
+    (b'{"prompt": "x", "seed": true}', "invalid_request"),  # was accepted as seed 1
+    (b'{"prompt": "x", "width": true}', "invalid_request"),
+])
+def test_jobs_numeric_extremes_are_final_400s(keyed_stack, body, code):
+    """POST /jobs with a 1e308 duration, a 400-digit edge or a boolean number: 400 with retryable false, no job."""
+    before = keyed_stack.redis.client().zcard("h3b:jobs")
+    _assert_final_4xx(_post_raw(keyed_stack.api.base, body), 400, code)
+    assert keyed_stack.redis.client().zcard("h3b:jobs") == before
+
+
+@pytest.mark.parametrize("fields, code", [
+    ({"seed": "++5"}, "invalid_request"), ({"seed": "²"}, "invalid_request"),
+    ({"seed": "9" * 5000}, "invalid_request"),
+    ({"width": "++5"}, "invalid_request"), ({"width": "²"}, "invalid_request"),
+    ({"width": "9" * 5000}, "invalid_request"), ({"num_frames": "9" * 400}, "invalid_request"),
+    ({"size": "²x128"}, "unsupported_size"), ({"size": "9" * 400 + "x128"}, "unsupported_size"),
+    ({"seconds": "1e308"}, "unsupported_duration"), ({"seconds": "9" * 5000}, "unsupported_duration"),
+])
+def test_v1_videos_numeric_text_is_a_final_400(keyed_stack, fields, code):
+    """/v1/videos form fields ("++5", "²", 5000 digits, "²x128", 1e308 s) answer 400 retryable false, no job
+    (they raised ValueError / OverflowError → 500 before)."""
+    before = keyed_stack.redis.client().zcard("h3b:jobs")
+    reply = requests.post(f"{keyed_stack.api.base}/v1/videos", data={"prompt": "x", **fields}, headers=bearer(KEY_A),
+                          timeout=30)
+    _assert_final_4xx(reply, 400, code)
+    assert keyed_stack.redis.client().zcard("h3b:jobs") == before
+
+
+@pytest.mark.parametrize("path, code", [
+    ("/v1/videos?limit=²", "invalid_request"), ("/v1/videos?limit=٣", "invalid_request"),
+    ("/sweeps?limit=²", "invalid_limit"), ("/sweeps?limit=" + "9" * 5000, "invalid_limit"),
+])
+def test_unicode_digit_limits_are_final_400s(keyed_stack, path, code):
+    """`?limit=²` passed str.isdigit() and then broke int() (500 on /sweeps); plain ASCII digits only now."""
+    _assert_final_4xx(requests.get(keyed_stack.api.base + path, headers=bearer(KEY_A), timeout=30), 400, code)
+
+
+def test_seed_true_is_refused_alike_on_both_apis(keyed_stack):
+    """`seed: true` is 400 invalid_request on /jobs (it was stored as seed 1) exactly as on /v1/videos."""
+    base = keyed_stack.api.base
+    errors = [_assert_final_4xx(requests.post(f"{base}{path}", json={"prompt": "x", "seed": True, **SMALL},
+                                              headers=bearer(KEY_A), timeout=30), 400, "invalid_request")
+              for path in ("/jobs", "/v1/videos")]
+    assert errors[0]["message"] == errors[1]["message"] == "seed: expected an integer, found true"
+
+
+def test_out_of_range_last_event_id_is_400_not_500(keyed_stack):
+    """A Last-Event-ID with a half over 2^64-1 is 400 at once (XREAD refused it mid-stream: HTML 500 + traceback)."""
+    job = requests.post(f"{keyed_stack.api.base}/jobs", json={"prompt": "owl", **SMALL}, headers=bearer(KEY_A),
+                        timeout=30).json()
+    log_start = keyed_stack.api.log_path.stat().st_size
+    for event_id in ("99999999999999999999-0", "0-18446744073709551616"):
+        reply = requests.get(f"{keyed_stack.api.base}/jobs/{job['id']}/events",
+                             headers={**bearer(KEY_A), "Last-Event-ID": event_id}, timeout=30)
+        _assert_final_4xx(reply, 400, "invalid_request")
+    assert "Traceback" not in keyed_stack.api.log_path.read_bytes()[log_start:].decode(errors="replace")
+
+
+# --- P5 round two: protocol details (RFC 7240, RFC 9110, server-level answers) ---
+
+def test_prefer_wait_over_the_cap_is_clamped_not_refused(keyed_stack):
+    """`Prefer: wait=120` is a preference (RFC 7240): served as a wait of at most 60 s, never 400 (`?wait=120`, a
+    parameter, stays 400). The wait really blocks: it ends when the job is cancelled a second later."""
+    base = keyed_stack.api.base
+    job = requests.post(f"{base}/jobs", json={"prompt": "owl", **SMALL}, headers=bearer(KEY_A), timeout=30).json()
+    canceller = threading.Timer(1.0, lambda: requests.post(f"{base}/jobs/{job['id']}/cancel", headers=bearer(KEY_A),
+                                                           timeout=30))
+    started = time.monotonic()
+    canceller.start()
+    try:
+        reply = requests.get(f"{base}/jobs/{job['id']}", headers={**bearer(KEY_A), "Prefer": "wait=120"},
+                             timeout=90)
+    finally:
+        canceller.join()
+    elapsed = time.monotonic() - started
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["status"] == "cancelled" and 0.9 <= elapsed < 30, (reply.json()["status"], elapsed)
+    _assert_final_4xx(requests.get(f"{base}/jobs/{job['id']}", params={"wait": "120"}, headers=bearer(KEY_A),
+                                   timeout=30), 400, "invalid_request")
+
+
+def _raw_http(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send bytes as they are (requests would normalise them) and read the whole answer (the server closes)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+            if b"\r\n\r\n" in data:
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+                if length and len(body) >= int(length.group(1)):
+                    break
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+def _envelope_of(body: bytes) -> dict:
+    error = json.loads(body)["error"]
+    assert set(error) >= {"code", "message", "retryable", "request_id"} and error["retryable"] is False
+    return error
+
+
+def test_gunicorn_answers_use_the_json_envelope(keyed_stack):
+    """Answers gunicorn gives before Flask runs (431 oversized header, 414 long request line, 400 malformed request
+    line) are JSON error envelopes, not HTML pages."""
+    port = keyed_stack.api.port
+    cases = [
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", 431,
+         "request_header_fields_too_large"),
+        (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "uri_too_long"),
+        (b"GET /healthz HTTP/9.x\r\nHost: x\r\n\r\n", 400, "bad_request"),
+    ]
+    for raw, status, code in cases:
+        got, headers, body = _raw_http(port, raw)
+        assert got == status and headers["content-type"] == "application/json", (got, headers, body[:200])
+        assert _envelope_of(body)["code"] == code
+
+
+def test_router_redirect_is_json_with_a_relative_location(keyed_stack):
+    """The router's 308 for a doubled slash carries the envelope and a path-only Location: a spoofed Host header
+    never becomes a redirect to another site."""
+    request = (f"GET /v1//videos HTTP/1.1\r\nHost: evil.example\r\nAuthorization: Bearer {KEY_A}\r\n"
+               f"Connection: close\r\n\r\n").encode()
+    status, headers, body = _raw_http(keyed_stack.api.port, request)
+    assert status == 308 and headers["location"] == "/v1/videos", (status, headers)
+    assert headers["content-type"] == "application/json" and b"evil.example" not in body
+    assert _envelope_of(body)["code"] == "permanent_redirect"
+
+
+def test_chunked_body_over_the_limit_is_413(keyed_stack):
+    """A 70 KB chunked body (no Content-Length) is 413 request_too_large like a declared one, not 400 invalid_json
+    (werkzeug used to cut it at 64 KiB and hand the view broken JSON); a small chunked body still works."""
+    import http.client  # noqa: PLC0415
+
+    def chunks(n_kib: int):
+        yield b'{"prompt": "'
+        for _ in range(n_kib):
+            yield b"x" * 1024
+        yield b'", "width": 128, "height": 32}'
+
+    for n_kib, status in ((70, 413), (1, 202)):
+        conn = http.client.HTTPConnection("127.0.0.1", keyed_stack.api.port, timeout=30)
+        try:
+            conn.request("POST", "/jobs", body=chunks(n_kib), encode_chunked=True,
+                         headers={**bearer(KEY_A), "Content-Type": JSON})
+            reply = conn.getresponse()
+            body = reply.read()
+        finally:
+            conn.close()
+        assert reply.status == status, body[:300]
+        if status == 413:
+            assert _envelope_of(body)["code"] == "request_too_large"

@@ -1,18 +1,38 @@
 """Security: API keys (hashed, constant-time, per-key jobs), per-key rate limits, the queue cap, JSON-only messaging,
-artifact paths derived from ids only, and no secret in any log, error body or Redis value."""
+artifact paths derived from ids only, and no secret in any log, error body or Redis value; the webhook secret is
+checked at start, compose hands it to API and worker, and the dispatcher's Redis-outage logging is rate-limited."""
 from __future__ import annotations
 
+import base64
 import hashlib
 import inspect
 import json
+import logging
 import re
+import subprocess
 import time
 
 import pytest
+import redis
 import requests
+import yaml
 from kombu import Connection, Exchange, Producer
 
-from .conftest import KEY_A, KEY_B, REPO, SMALL, ApiProcess, RedisServer, Stack, bearer, service_env, wait_all_finished
+from h3batch.settings import Settings
+
+from .conftest import (
+    H3BATCH,
+    KEY_A,
+    KEY_B,
+    REPO,
+    SMALL,
+    ApiProcess,
+    RedisServer,
+    Stack,
+    bearer,
+    service_env,
+    wait_all_finished,
+)
 
 SOURCE_DIRS = ("api", "worker", "kernels", "loadrunner", "bench", "docker")
 PICKLE_USE = re.compile(r"\bimport\s+(c?pickle|dill|cloudpickle|shelve)\b|\bfrom\s+(c?pickle|dill|cloudpickle)\s+import"
@@ -234,3 +254,73 @@ def test_no_key_or_key_digest_in_logs_bodies_or_redis(served):
         for canary in canaries:
             assert canary not in text, f"a key or its digest leaked into {name}"
     assert "Traceback" not in stack.api.log_path.read_text(errors="replace")  # (the worker logs the pickle refusal)
+
+
+# --- P5 round two, item 10: the webhook secret, compose, the dispatcher during a Redis outage ---
+
+BAD_SECRETS = {
+    "not base64": "whsec_not*base64!",
+    "too short": "whsec_" + base64.b64encode(b"short").decode(),
+    "too long": "whsec_" + base64.b64encode(b"k" * 65).decode(),
+}
+
+
+@pytest.mark.parametrize("command", ["api", "worker"])
+@pytest.mark.parametrize("why", sorted(BAD_SECRETS))
+def test_malformed_webhook_secret_stops_api_and_worker_at_start(tmp_path, command, why):
+    """A malformed `whsec_` H3BATCH_WEBHOOK_SECRET makes `h3batch api` and `h3batch worker` exit 2 with one line
+    naming the variable (never its value), before anything connects; it used to fail inside sign() on every
+    delivery attempt."""
+    secret = BAD_SECRETS[why]
+    env = service_env("redis://127.0.0.1:9/0", tmp_path / "artifacts", H3BATCH_WEBHOOK_SECRET=secret,
+                      H3BATCH_RELEASE=str(tmp_path / "no-release"))
+    done = subprocess.run(H3BATCH + [command, "--port", "9"] if command == "api" else H3BATCH + [command],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, (done.returncode, done.stderr[-2000:])
+    assert lines[0].startswith(f"h3batch {command}: H3BATCH_WEBHOOK_SECRET: ")
+    assert secret[len("whsec_"):] not in done.stderr + done.stdout
+
+
+def test_a_good_webhook_secret_parses():
+    good = "whsec_" + base64.b64encode(b"k" * 32).decode()
+    assert Settings.from_env({"H3BATCH_WEBHOOK_SECRET": good}).webhook_secret == good
+    assert Settings.from_env({"H3BATCH_WEBHOOK_SECRET": "plain text secret"}).webhook_secret == "plain text secret"
+
+
+def test_compose_passes_the_webhook_secret_to_api_and_worker():
+    """docker-compose.yml gives H3BATCH_WEBHOOK_SECRET (the same value) to both the api and the gpu-worker."""
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    values = {name: compose["services"][name]["environment"].get("H3BATCH_WEBHOOK_SECRET")
+              for name in ("api", "gpu-worker")}
+    assert values["api"] == values["gpu-worker"] == "${H3BATCH_WEBHOOK_SECRET:-}", values
+
+
+def test_dispatcher_logs_a_redis_outage_once_per_period_without_tracebacks(tmp_path, caplog):
+    """The webhook dispatcher polling a dead Redis every 50 ms for 2.5 s logs one warning per 1 s period (3 at
+    most), none with a traceback, and one line when Redis is back (it logged a traceback every poll)."""
+    from h3batch.core.webhook_urls import WebhookSettings  # noqa: PLC0415
+    from h3batch.worker.webhook_delivery import WebhookDispatcher  # noqa: PLC0415
+
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    client = redis.Redis.from_url(server.url, decode_responses=True, socket_timeout=0.5,
+                                  socket_connect_timeout=0.5)
+    dispatcher = WebhookDispatcher(client, WebhookSettings(secret="s", poll_s=0.05), outage_log_every_s=1.0)
+    caplog.set_level(logging.INFO, logger="h3batch.webhooks")
+    try:
+        server.kill9()
+        dispatcher.start()
+        time.sleep(2.5)
+        outage = [r for r in caplog.records if "webhook dispatch" in r.getMessage()]
+        server.start()
+        deadline = time.monotonic() + 10
+        while not any("resumed" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        dispatcher.stop()
+        server.kill9()
+    assert 2 <= len(outage) <= 3, [r.getMessage() for r in outage]
+    assert all("paused: redis unavailable" in r.getMessage() and r.exc_info is None for r in outage)
+    assert any("resumed" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.exc_info]
