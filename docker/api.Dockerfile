@@ -23,4 +23,4 @@ RUN useradd --uid 10001 --no-create-home h3batch && mkdir -p /artifacts && chown
 USER h3batch
 EXPOSE 8000
 # gunicorn (gthread) via `h3batch api`, which first checks Redis and the artifacts dir (exit 2, one line).
-CMD ["h3batch", "api", "--host", "0.0.0.0", "--port", "8000", "--workers", "2", "--threads", "8"]
+CMD ["h3batch", "api", "--host", "0.0.0.0", "--port", "8000", "--workers", "2"]
