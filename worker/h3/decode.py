@@ -4,11 +4,28 @@ The VAEs themselves are reused unchanged (``AutoencoderKLMiniMaxH3``, ``Autoenco
 left at its on-by-default release setting). What is written here is the post-processing that diffusers keeps in its
 modular ``decoders.py`` blocks (which need a whole ``ModularPipeline`` state to run): per-channel latent
 denormalization, ImageNet pixel de-normalization, clamping, uint8 rounding, and the stereo-rows unpacking.
+
+Two video paths compute the same blended-tile frames:
+
+* ``decode_video(vae, latents)`` with ``tile_batch=None`` calls ``vae.decode``: diffusers runs the ViT decoder once
+  per 256-px tile of each temporal chunk (28 tiles x 6 chunks = 168 calls at 1344x768, 4.4 s).
+* ``iter_video_frames`` (and ``decode_video(..., tile_batch=k)``) re-traces diffusers' temporal chunking and tile
+  layout (its own ``_split_tiles``/``_stitch_tiles``/``_blend``) but stacks the equal-sized tiles into one batch, up
+  to ``tile_batch`` tiles per decoder call (0: all tiles of one temporal chunk), and yields each chunk's finished
+  frames as soon as its cross-fade with the previous chunk is done, so the MP4 encode can start on it.
+
+``prepare_video_decoder`` makes the serving copy: the encoder dropped, decoder weights cast to fp16 (the modules
+diffusers pins stay fp32), optionally each ViT block ``torch.compile``d. Under the fp16 autocast that the
+fp32-weight decode already uses, fp16 weights change only where fp32 weights were read directly (none of the
+matmuls), so the frames match the fp32-weight decode closely (tests/decode/test_decode_batched.py; measured at
+real size in docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+from collections.abc import Iterator
 
 import torch
 
@@ -27,19 +44,7 @@ def _latent_stats(config, name: str, channels: int) -> tuple[torch.Tensor, torch
     return torch.tensor(mean, dtype=torch.float32), torch.tensor(std, dtype=torch.float32)
 
 
-@torch.inference_mode()
-def decode_video(
-    vae,
-    latents: torch.Tensor,
-    cuda_autocast_dtype: torch.dtype | None = torch.float16,
-) -> torch.Tensor:
-    """Decode ``[1, 24, T, Hl, Wl]`` normalized latents (T = 5n+2, n >= 1) to uint8 frames ``[17n+5, 16Hl, 16Wl, 3]``.
-
-    Steps: ``z = latents·std + mean`` (per channel, from ``vae.config``); ``vae.decode(z)`` -> ``[1, 3, N, H, W]`` in
-    ImageNet-normalized space; ``x·imagenet_std + imagenet_mean``; clamp to [0, 1]; ``round(255·x)``. On CUDA the
-    decode runs under autocast in ``cuda_autocast_dtype`` (fp16, as the references do; None for full fp32). The
-    returned frames are on the CPU.
-    """
+def _check_video_latents(vae, latents: torch.Tensor) -> None:
     channels = vae.config.latent_channels
     if latents.ndim != 5 or latents.shape[0] != 1 or latents.shape[1] != channels:
         raise ValueError(f"video latents must be [1, {channels}, T, Hl, Wl], got {list(latents.shape)}")
@@ -47,22 +52,159 @@ def decode_video(
     if num_latent_frames < 7 or (num_latent_frames - 2) % 5 != 0:
         raise ValueError(f"video latent frames must be 5n+2 with n >= 1 (7, 12, ..., 32, ...), got {num_latent_frames}")
 
-    device = latents.device
-    mean, std = _latent_stats(vae.config, "video VAE", channels)
-    z = latents.float() * std.to(device).view(1, -1, 1, 1, 1) + mean.to(device).view(1, -1, 1, 1, 1)
 
+def _precision(device: torch.device, cuda_autocast_dtype: torch.dtype | None):
     if device.type == "cuda" and cuda_autocast_dtype is not None:
-        precision = torch.autocast("cuda", dtype=cuda_autocast_dtype)
-    else:
-        precision = contextlib.nullcontext()
-    with precision:
-        video = vae.decode(z, return_dict=False)[0]  # [1, 3, N, H, W], ImageNet-normalized
+        return torch.autocast("cuda", dtype=cuda_autocast_dtype)
+    return contextlib.nullcontext()
 
+
+def _denormalize(vae, latents: torch.Tensor) -> torch.Tensor:
+    mean, std = _latent_stats(vae.config, "video VAE", vae.config.latent_channels)
+    device = latents.device
+    return latents.float() * std.to(device).view(1, -1, 1, 1, 1) + mean.to(device).view(1, -1, 1, 1, 1)
+
+
+def _to_frames(video: torch.Tensor) -> torch.Tensor:
+    """ImageNet-normalized ``[1, 3, n, H, W]`` -> uint8 ``[n, H, W, 3]`` on the same device."""
     pixel_mean = torch.tensor(IMAGENET_MEAN, device=video.device).view(1, 3, 1, 1, 1)
     pixel_std = torch.tensor(IMAGENET_STD, device=video.device).view(1, 3, 1, 1, 1)
     pixels = (video.float() * pixel_std + pixel_mean).clamp(0.0, 1.0)
-    frames = torch.round(pixels * 255.0).to(torch.uint8)  # [1, 3, N, H, W]
-    return frames[0].permute(1, 2, 3, 0).contiguous().cpu()  # [N, H, W, 3]
+    frames = torch.round(pixels * 255.0).to(torch.uint8)  # [1, 3, n, H, W]
+    return frames[0].permute(1, 2, 3, 0).contiguous()
+
+
+def prepare_video_decoder(vae, dtype: torch.dtype | None = torch.float16, *, compile_blocks: bool = False,
+                          compile_mode: str | None = None, copy_module: bool = False):
+    """The serving form of a loaded ``AutoencoderKLMiniMaxH3``: encoder and ``quant_conv`` dropped (decode never
+    runs them), parameters cast to ``dtype`` except in the modules diffusers pins to fp32 (as
+    ``vae_native.load_video_vae(dtype=...)`` would load them), and with ``compile_blocks`` each ViT block
+    wrapped by ``torch.compile`` (one compiled graph serves all 36 blocks: same code, same shapes).
+    ``copy_module`` works on a deep copy (for benchmarks that keep the original); otherwise in place."""
+    if copy_module:
+        original, encoder, quant_conv = vae, vae.encoder, vae.quant_conv
+        original.encoder = original.quant_conv = None  # not worth copying
+        try:
+            vae = copy.deepcopy(original)
+        finally:
+            original.encoder, original.quant_conv = encoder, quant_conv
+    vae.encoder = None
+    vae.quant_conv = None
+    if dtype is not None:
+        keep_fp32 = tuple(getattr(vae, "_keep_in_fp32_modules", None) or ())
+        with torch.no_grad():
+            for name, parameter in vae.named_parameters():
+                if parameter.is_floating_point() and not any(part in keep_fp32 for part in name.split(".")):
+                    parameter.data = parameter.data.to(dtype)
+    if compile_blocks:
+        for block in vae.decoder.transformer_blocks:
+            block.compile(mode=compile_mode, dynamic=False)
+    return vae
+
+
+def iter_video_frames(
+    vae,
+    latents: torch.Tensor,
+    *,
+    tile_batch: int = 0,
+    cuda_autocast_dtype: torch.dtype | None = torch.float16,
+) -> Iterator[torch.Tensor]:
+    """Decode ``[1, 24, T, Hl, Wl]`` normalized latents chunk by chunk: yields uint8 frames ``[n_i, H, W, 3]`` on the
+    latents' device, in order, ``17n+5`` frames in all, equal to ``vae.decode``'s (up to the batch-size dependence of
+    the matmul kernels). ``tile_batch`` caps the tiles per decoder call (0: all tiles of a chunk; larger values
+    batch several chunks' tiles into one call)."""
+    _check_video_latents(vae, latents)
+    if tile_batch < 0:
+        raise ValueError(f"tile_batch must be >= 0 (0 = one temporal chunk per call), got {tile_batch}")
+    with torch.inference_mode():
+        yield from _iter_chunks(vae, _denormalize(vae, latents), tile_batch, cuda_autocast_dtype)
+
+
+def _tile_layout(vae, latent_height: int, latent_width: int):
+    """Latent-space (y, x) tile slices and the pixel overlaps, exactly as ``vae._decode_clip`` lays them out."""
+    ratio = vae.spatial_compression_ratio
+    y_indices, y_lengths, y_overlaps = vae._split_tiles(
+        latent_height * ratio, vae.tile_sample_min_height, vae.tile_sample_min_overlap_height)
+    x_indices, x_lengths, x_overlaps = vae._split_tiles(
+        latent_width * ratio, vae.tile_sample_min_width, vae.tile_sample_min_overlap_width)
+    if not vae.use_tiling:
+        y_indices, y_lengths, y_overlaps = [0], [latent_height * ratio], []
+        x_indices, x_lengths, x_overlaps = [0], [latent_width * ratio], []
+    xs = [slice(x // ratio, (x + w) // ratio) for x, w in zip(x_indices, x_lengths)]
+    rows = [[(slice(y // ratio, (y + h) // ratio), x) for x in xs] for y, h in zip(y_indices, y_lengths)]
+    return rows, y_overlaps, x_overlaps
+
+
+def _iter_chunks(vae, z: torch.Tensor, tile_batch: int, cuda_autocast_dtype) -> Iterator[torch.Tensor]:
+    """``vae._decode`` with batched tiles and per-chunk output (see its docstring for the temporal chunking)."""
+    z = z.to(next(vae.post_quant_conv.parameters()).dtype)
+    chunk_tokens, token_drop = vae.tokens_chunk_size, vae.config.token_drop
+    chunk_frames = chunk_tokens * vae.temporal_compression_ratio
+    num_tokens = z.shape[2] + token_drop
+    pad_tokens = (-num_tokens) % chunk_tokens
+    num_chunks = (num_tokens + pad_tokens) // chunk_tokens - int(token_drop > 0)
+    if pad_tokens > 0:  # diffusers repeats the last latent frame and trims frames afterwards; 5n+2 never needs it
+        raise ValueError(f"{z.shape[2]} latent frames need {pad_tokens} padding tokens with this VAE's chunking")
+
+    rows, y_overlaps, x_overlaps = _tile_layout(vae, z.shape[-2], z.shape[-1])
+    tiles_per_chunk = sum(len(row) for row in rows)
+    batch = tile_batch or tiles_per_chunk
+    span = chunk_tokens + vae.token_overlap  # latent frames per chunk window (7 at 5 + 2)
+    windows = [z[:, :, i * chunk_tokens: i * chunk_tokens + span] for i in range(num_chunks)]
+    work = [(i, ys, xs) for i in range(num_chunks) for row in rows for ys, xs in row]  # chunk-major, row-major tiles
+
+    decoded: dict[int, list[torch.Tensor]] = {}
+    next_chunk, overlap = 0, None
+    precision = _precision(z.device, cuda_autocast_dtype)
+    for start in range(0, len(work), batch):
+        items = work[start: start + batch]
+        stack = torch.cat([windows[i][..., ys, xs] for i, ys, xs in items], dim=0)  # [b, C, t, h, w]
+        with precision:
+            out = vae.decoder(vae.post_quant_conv(stack))  # [b, 3, F, 16h, 16w]
+        for (i, _, _), tile in zip(items, out.split(1)):
+            decoded.setdefault(i, []).append(tile)
+        while next_chunk in decoded and len(decoded[next_chunk]) == tiles_per_chunk:
+            flat = decoded.pop(next_chunk)
+            grid, k = [], 0
+            for row in rows:
+                grid.append(flat[k: k + len(row)])
+                k += len(row)
+            clip = vae._stitch_tiles(grid, y_overlaps, x_overlaps)  # [1, 3, F, H, W]
+            first = clip[:, :, vae.frame_pre_padding: chunk_frames]
+            if overlap is not None:
+                first = vae._blend(overlap, first, vae.frame_overlap, dim=-3)
+            if token_drop > 0:
+                overlap = clip[:, :, chunk_frames: 2 * chunk_frames][:, :, vae.frame_pre_padding:]
+            yield _to_frames(first)
+            next_chunk += 1
+    if overlap is not None:
+        yield _to_frames(overlap)
+
+
+@torch.inference_mode()
+def decode_video(
+    vae,
+    latents: torch.Tensor,
+    cuda_autocast_dtype: torch.dtype | None = torch.float16,
+    *,
+    tile_batch: int | None = None,
+) -> torch.Tensor:
+    """Decode ``[1, 24, T, Hl, Wl]`` normalized latents (T = 5n+2, n >= 1) to uint8 frames ``[17n+5, 16Hl, 16Wl, 3]``.
+
+    Steps: ``z = latents·std + mean`` (per channel, from ``vae.config``); ``vae.decode(z)`` -> ``[1, 3, N, H, W]`` in
+    ImageNet-normalized space; ``x·imagenet_std + imagenet_mean``; clamp to [0, 1]; ``round(255·x)``. On CUDA the
+    decode runs under autocast in ``cuda_autocast_dtype`` (fp16, as the references do; None for full fp32). The
+    returned frames are on the CPU. ``tile_batch=None`` is diffusers' per-tile ``vae.decode``; an int decodes
+    through ``iter_video_frames`` with that many tiles per call (0: a whole chunk's tiles).
+    """
+    _check_video_latents(vae, latents)
+    if tile_batch is not None:
+        chunks = list(iter_video_frames(vae, latents, tile_batch=tile_batch, cuda_autocast_dtype=cuda_autocast_dtype))
+        return torch.cat(chunks).cpu()
+    z = _denormalize(vae, latents)
+    with _precision(z.device, cuda_autocast_dtype):
+        video = vae.decode(z, return_dict=False)[0]  # [1, 3, N, H, W], ImageNet-normalized
+    return _to_frames(video).cpu()  # [N, H, W, 3]
 
 
 @torch.inference_mode()
