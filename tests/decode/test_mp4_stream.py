@@ -71,18 +71,28 @@ def test_presets_change_the_encode_not_the_contract(tmp_path):
 
 
 def test_worker_thread_error_aborts_and_leaves_nothing(tmp_path):
-    """An encode error on the background thread reaches the caller at finish, and no target or temp file stays."""
-    writer = Mp4Writer(tmp_path / "out.mp4", 64, 64, tones(800 * 9), background=True)
-    writer.add_frames(gradient_frames(3, 64, 64))
+    """An encode error on the background thread reaches the caller (at the next add_frames or at finish), and
+    leaving the block leaves no target or temp file."""
 
     def broken(planes):
         raise RuntimeError("encoder broke")
 
-    writer._encode = broken  # the next chunk fails on the worker thread
-    writer.add_frames(gradient_frames(3, 64, 64))
     with pytest.raises(RuntimeError, match="encoder broke"):
-        writer.finish()
+        with Mp4Writer(tmp_path / "out.mp4", 64, 64, tones(800 * 9), background=True) as writer:
+            writer._encode = broken  # every chunk fails on the worker thread
+            for _ in range(3):
+                writer.add_frames(gradient_frames(3, 64, 64))
+            writer.finish()
     assert os.listdir(tmp_path) == []
+
+
+def test_finish_adds_late_tags(tmp_path):
+    """Tags given to finish (stage timings known only at the end) are in the container with the opening ones."""
+    with Mp4Writer(tmp_path / "out.mp4", 64, 64, tones(800 * 9), metadata={"job_id": "j1"}, background=True) as w:
+        w.add_frames(gradient_frames(4, 64, 64))
+        path = w.finish(metadata={"h3batch_stage_seconds": "decode=1.0000"})
+    tags = probe_mp4(path)["metadata"]
+    assert tags["job_id"] == "j1" and tags["h3batch_stage_seconds"] == "decode=1.0000"
 
 
 def test_leaving_the_block_without_finish_removes_the_temp(tmp_path):

@@ -107,10 +107,13 @@ class Mp4Writer:
     """One MP4 written as frames arrive: ``add_frames`` per decoded chunk, then ``finish`` (or ``abort``).
 
     The audio is given up front (it decodes in a fraction of the video's time) so it can be interleaved with the
-    frames in time order. Everything goes to a hidden temp file beside ``path``; ``finish`` flushes the encoders,
-    fsyncs, renames onto ``path`` and fsyncs the directory. With ``background=True`` the H.264 encode and the muxing
-    run on one worker thread fed through a queue of at most ``queue_chunks`` chunks, so the caller (the GPU decode)
-    goes on while libx264 works; errors of that thread are raised by the next ``add_frames`` or by ``finish``.
+    frames in time order. Encoded packets are held in memory and muxed by ``finish`` (a few MB per second of
+    video): the container header, and with it the tags, is written on the first mux, and ``finish`` may still add
+    tags (stage timings known only at the end). Everything goes to a hidden temp file beside ``path``; ``finish``
+    flushes the encoders, muxes, fsyncs, renames onto ``path`` and fsyncs the directory. With ``background=True``
+    the H.264 encode runs on one worker thread fed through a queue of at most ``queue_chunks`` chunks, so the caller
+    (the GPU decode) goes on while libx264 works; errors of that thread are raised by the next ``add_frames`` or by
+    ``finish``.
     Used as a context manager, an exception inside the block aborts the write.
     """
 
@@ -136,9 +139,10 @@ class Mp4Writer:
         self._audio = audio
         self._frames = 0
         self._sent = 0  # audio samples already given to the encoder
+        self._packets: list = []  # encoded, not yet muxed, in time-interleaved order
         self._closed = False
-        # A unique hidden name beside the target (same filesystem, so os.replace is atomic); created by the muxer
-        # itself so it gets the usual umask-derived permissions.
+        # A unique hidden name beside the target (same filesystem, so os.replace is atomic), with the usual
+        # umask-derived permissions.
         self._temp = self.target.with_name(f".{self.target.name}.{uuid.uuid4().hex}.partial")
         try:
             self._open(metadata, preset)
@@ -154,6 +158,9 @@ class Mp4Writer:
             self._thread.start()
 
     def _open(self, metadata, preset: str) -> None:
+        # The muxer opens the file only at the first mux (in finish); create it now so that the partial write is
+        # visible as the hidden temp from the start, as before streaming.
+        self._temp.touch(exist_ok=False)
         container = av.open(os.fspath(self._temp), mode="w", format="mp4", options={"movflags": MOVFLAGS})
         self._container = container
         for key, value in (metadata or {}).items():
@@ -202,21 +209,21 @@ class Mp4Writer:
                 continue
 
     def _encode(self, planes: np.ndarray) -> None:
-        container, video, sound = self._container, self._video, self._sound
+        video, sound, packets = self._video, self._sound, self._packets
         num_samples = self._audio.shape[1]
         for plane in planes:
             frame = av.VideoFrame.from_ndarray(plane, format=VIDEO_PIX_FMT)
             frame.colorspace, frame.color_range = 1, 1  # BT.709, limited: what rgb_to_yuv420_bt709 produced
             frame.pts = self._frames
             frame.time_base = Fraction(1, self.fps)
-            container.mux(video.encode(frame))
+            packets.extend(video.encode(frame))
             self._frames += 1
             # Audio in step with the frames (samples up to the end of this frame), so the muxer interleaves the
             # streams in time order instead of writing all video before all audio.
             until = min(num_samples, self._frames * self.sample_rate // self.fps)
             if until > self._sent:
                 chunk = self._audio[:, self._sent:until]
-                container.mux(sound.encode(_audio_frame(chunk, self._sent, self.sample_rate)))
+                packets.extend(sound.encode(_audio_frame(chunk, self._sent, self.sample_rate)))
                 self._sent = until
 
     def _drain(self) -> None:
@@ -247,8 +254,9 @@ class Mp4Writer:
     def frames_written(self) -> int:
         return self._frames
 
-    def finish(self) -> Path:
-        """Flush, fsync and rename onto the target; returns it. On any error the temp file is removed."""
+    def finish(self, metadata: dict[str, str] | None = None) -> Path:
+        """Flush, add ``metadata`` tags, mux, fsync and rename onto the target; returns it. On any error the temp
+        file is removed."""
         if self._closed:
             raise RuntimeError("Mp4Writer: finish after finish/abort")
         try:
@@ -256,13 +264,19 @@ class Mp4Writer:
             self._raise_worker_error()
             if self._frames == 0:
                 raise ValueError("Mp4Writer: no frames were added")
+            _check_audio(self._audio, self.fps, self.sample_rate, metadata)
             container, sound = self._container, self._sound
+            for key, value in (metadata or {}).items():
+                container.metadata[key] = value
             num_samples = self._audio.shape[1]
             if self._sent < num_samples:  # audio longer than the video
-                container.mux(sound.encode(_audio_frame(self._audio[:, self._sent:], self._sent, self.sample_rate)))
+                self._packets.extend(sound.encode(_audio_frame(self._audio[:, self._sent:], self._sent,
+                                                               self.sample_rate)))
                 self._sent = num_samples
-            container.mux(self._video.encode(None))
-            container.mux(sound.encode(None))
+            self._packets.extend(self._video.encode(None))
+            self._packets.extend(sound.encode(None))
+            container.mux(self._packets)
+            self._packets = []
             self._closed = True
             container.close()
             with open(self._temp, "rb") as handle:
