@@ -40,14 +40,12 @@ from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from h3batch.worker import pipeline as pipeline_module  # noqa: E402
-from h3batch.worker.h3 import decode, packing  # noqa: E402
-from h3batch.worker.h3.config import T2, H3Config  # noqa: E402
-from h3batch.worker.h3.model import H3Transformer  # noqa: E402
-from h3batch.worker.h3.text_encoder import TextEncoder  # noqa: E402
-from h3batch.worker.pipeline import Pipeline, RenderRequest, WriteOptions  # noqa: E402
+from h3batch.worker import pipeline as pipeline_module
+from h3batch.worker.h3 import decode, packing
+from h3batch.worker.h3.config import T2, H3Config
+from h3batch.worker.h3.model import H3Transformer
+from h3batch.worker.h3.text_encoder import TextEncoder
+from h3batch.worker.pipeline import Pipeline, RenderRequest, WriteOptions
 
 STAGES = ("text_encode", "denoise", "decode", "mux")
 PROMPT = "A red fox runs across a snowy field at dawn, its breath steaming in the cold air."
@@ -176,8 +174,9 @@ class StageMemory:
         return {k: round(v, 2) for k, v in self.peaks.items()}
 
 
-def run_jobs(pipe: Pipeline, req: RenderRequest, jobs: int, out_dir: Path, tag: str) -> list[dict]:
-    """`jobs` renders back to back; per job: stage seconds, whole job, peak memory, GPU idle before the next."""
+def run_jobs(pipe: Pipeline, req: RenderRequest, jobs: int, out_dir: Path, tag: str):
+    """`jobs` renders back to back; per job: stage seconds, whole job, peak memory, GPU idle before it. Returns the
+    per-job records and the last job's latents (for the decode variants)."""
     results, previous_gpu_end = [], None
     for k in range(jobs):
         memory = StageMemory(pipe.device)
@@ -195,7 +194,7 @@ def run_jobs(pipe: Pipeline, req: RenderRequest, jobs: int, out_dir: Path, tag: 
         results.append(entry)
         print(tag, json.dumps(entry), flush=True)
     # The idle before job k+1 also includes the mux tail of job k, which ran after the GPU's last decode kernel.
-    return results
+    return results, clip
 
 
 # Decode variants -----------------------------------------------------------------------------------------------------
@@ -370,6 +369,8 @@ def main() -> None:
     fp32_vae, audio_vae = build_vaes(args.tiny, device)
     sync(device)
     res["build_s"] = round(time.perf_counter() - t0, 1)
+    if device.type == "cuda":
+        res["weights_GiB"] = round(torch.cuda.memory_allocated() / 2**30, 2)
     res["params_B"] = {"dit": sum(p.numel() for p in dit.parameters()) / 1e9,
                        "video_vae": sum(p.numel() for p in fp32_vae.parameters()) / 1e9,
                        "text_encoder": sum(p.numel() for p in text.model.parameters()) / 1e9}
@@ -388,7 +389,7 @@ def main() -> None:
     ours = Pipeline(info, dit, text, fp16_vae, audio_vae, device, write_options=options)
     res["ours"] = {"warm_up_s": round(ours.warm_up([req]), 2)}
     dump()
-    jobs = run_jobs(ours, req, max(1, args.jobs), out_dir, "ours")
+    jobs, clip = run_jobs(ours, req, max(1, args.jobs), out_dir, "ours")
     res["ours"].update(jobs=jobs, steady=summarize(jobs[1:] or jobs))
     if len(jobs) > 1:
         later = statistics.median(j["whole job"] for j in jobs[1:])
@@ -397,13 +398,16 @@ def main() -> None:
     dump()
 
     if args.baseline:
-        legacy = Pipeline(info, dit, text, fp32_vae, audio_vae, device, write_options=WriteOptions.legacy())
-        jobs = run_jobs(legacy, req, max(1, args.baseline_jobs), out_dir, "baseline")
-        res["baseline"] = {"jobs": jobs, "first_job": jobs[0], "steady": summarize(jobs[1:] or jobs)}
+        try:
+            legacy = Pipeline(info, dit, text, fp32_vae, audio_vae, device, write_options=WriteOptions.legacy())
+            jobs, _ = run_jobs(legacy, req, max(1, args.baseline_jobs), out_dir, "baseline")
+            res["baseline"] = {"jobs": jobs, "first_job": jobs[0], "steady": summarize(jobs[1:] or jobs)}
+        except Exception as exc:  # noqa: BLE001 - keep what ours measured
+            res["baseline_error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+            traceback.print_exc()
         dump()
 
     if args.decode_variants:
-        clip = ours.denoise(req)
         decode_variants(res, fp32_vae, fp16_vae, audio_vae, clip, device, tiles_per_chunk, dump, args.out.parent,
                         args.variant_reps)
     res["table"] = table(res)

@@ -14,16 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from h3batch.worker.h3.mp4 import Mp4Writer, write_mp4  # noqa: E402
+from h3batch.worker.h3.mp4 import Mp4Writer, write_mp4
 
 
 def content(kind: str, frames: int, height: int, width: int) -> np.ndarray:
