@@ -244,8 +244,8 @@ def decode_variants(res: dict, fp32_vae, served_vae, audio_vae, clip, device, ti
     # (name, tile batch, compile, compile mode); None as the compile flag reuses the served (warm) decoder.
     plans = [("batched (chunk) fp16 eager", 0, False, None)]
     plans += [("batched (chunk) fp16 compiled (served)", 0, None, None),
-              ("batched 2 chunks fp16 compiled", 2 * tiles_per_chunk, True, None),
-              ("batched (chunk) fp16 compiled, CUDA graphs", 0, True, "reduce-overhead")] if cuda else \
+              ("batched (chunk) fp16 compiled, CUDA graphs", 0, True, "reduce-overhead"),
+              ("batched 2 chunks fp16 compiled", 2 * tiles_per_chunk, True, None)] if cuda else \
         [("per-tile fp16 weights", 1, False, None)]
     for name, tile_batch, compiled, mode in plans:
         entry = variants.setdefault(name, {"tile_batch": tile_batch})
