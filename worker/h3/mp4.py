@@ -8,8 +8,10 @@ be stored in the container, not only the few iTunes-style keys the mov muxer kno
 
 ``Mp4Writer`` is the streaming form: open it with the audio, feed RGB frames as each decoded chunk arrives
 (``add_frames``), then ``finish`` (flush, fsync, rename) or ``abort``. RGB is converted to Y'CbCr 4:2:0 with the
-BT.709 matrix at limited range, in torch on whatever device the frames are on, and the stream is tagged BT.709
-(primaries, transfer, matrix, range) so players invert the same matrix. The libx264 preset is a parameter:
+BT.709 matrix at limited range: frames on a GPU in torch there (``rgb_to_yuv420_bt709``, a box 2x2 chroma), frames
+on the CPU by swscale on the encoding thread (about 100x faster than torch on the CPU; its chroma filter differs
+by a few levels on noise). The stream is tagged BT.709 (primaries, transfer, matrix, range) so players invert the
+same matrix. The libx264 preset is a parameter:
 ``veryfast`` is the default, chosen by measurement (docs/benchmarks.md, bench/mux.py); ``medium`` is FFmpeg's.
 """
 
@@ -28,6 +30,7 @@ import torch
 
 VIDEO_CODEC = "libx264"
 VIDEO_PIX_FMT = "yuv420p"
+VIDEO_RGB = "rgb24"
 VIDEO_CRF = 18
 VIDEO_PRESET = "veryfast"
 """libx264 preset. At CRF 18 on 1344x768 clips, veryfast encodes 3-4x faster than medium for files within a few
@@ -179,8 +182,8 @@ class Mp4Writer:
     # Feeding ----------------------------------------------------------------------------------------------------
 
     def add_frames(self, frames) -> None:
-        """Append uint8 RGB frames ``[n, H, W, 3]`` (torch on any device, or numpy). The colour conversion runs
-        here, on the frames' device; the encode here or on the worker thread."""
+        """Append uint8 RGB frames ``[n, H, W, 3]`` (torch on any device, or numpy). GPU frames are converted to
+        yuv420p here, on the GPU; CPU frames by swscale where they are encoded (here or on the worker thread)."""
         if self._closed:
             raise RuntimeError("Mp4Writer: add_frames after finish/abort")
         self._raise_worker_error()
@@ -196,24 +199,32 @@ class Mp4Writer:
             )
         if frames.shape[0] == 0:
             return
-        planes = rgb_to_yuv420_bt709(frames).cpu().numpy()
+        if frames.device.type == "cpu":
+            item = (VIDEO_RGB, frames.numpy())
+        else:
+            item = (VIDEO_PIX_FMT, rgb_to_yuv420_bt709(frames).cpu().numpy())
         if self._queue is None:
-            self._encode(planes)
+            self._encode(item)
             return
         while True:  # bounded wait so that a dead worker cannot block the caller forever
             self._raise_worker_error()
             try:
-                self._queue.put(planes, timeout=0.5)
+                self._queue.put(item, timeout=0.5)
                 return
             except queue.Full:
                 continue
 
-    def _encode(self, planes: np.ndarray) -> None:
+    def _encode(self, item: tuple[str, np.ndarray]) -> None:
+        """Encode (format, frames): yuv420p planes ``[n, 3H/2, W]`` as they are, rgb24 ``[n, H, W, 3]`` through
+        swscale's BT.709 limited-range matrix."""
         video, sound, packets = self._video, self._sound, self._packets
         num_samples = self._audio.shape[1]
-        for plane in planes:
-            frame = av.VideoFrame.from_ndarray(plane, format=VIDEO_PIX_FMT)
-            frame.colorspace, frame.color_range = 1, 1  # BT.709, limited: what rgb_to_yuv420_bt709 produced
+        pixel_format, frames = item
+        for array in frames:
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(array), format=pixel_format)
+            if pixel_format == VIDEO_RGB:
+                frame = frame.reformat(format=VIDEO_PIX_FMT, dst_colorspace="ITU709", dst_color_range="MPEG")
+            frame.colorspace, frame.color_range = 1, 1  # BT.709, limited range
             frame.pts = self._frames
             frame.time_base = Fraction(1, self.fps)
             packets.extend(video.encode(frame))
