@@ -124,7 +124,9 @@ def build_vaes(tiny: bool, device: torch.device):
 
     with torch.device(device):
         video = AutoencoderKLMiniMaxH3(**(TINY_VIDEO_VAE if tiny else {})).eval()
-        audio = AutoencoderKLMiniMaxH3Audio(**(TINY_AUDIO_VAE if tiny else {})).eval()
+        # The class default has no latent statistics (the release's config.json carries them): identity ones.
+        audio = AutoencoderKLMiniMaxH3Audio(**(TINY_AUDIO_VAE if tiny else {"latents_mean": [0.0] * 32,
+                                                                            "latents_std": [1.0] * 32})).eval()
     generator = torch.Generator(device=device).manual_seed(2)
     with torch.no_grad():  # the ViT blocks start as identities (zero residual scales): give them weight
         for name, parameter in video.decoder.named_parameters():
