@@ -33,8 +33,10 @@ VIDEO_PIX_FMT = "yuv420p"
 VIDEO_RGB = "rgb24"
 VIDEO_CRF = 18
 VIDEO_PRESET = "veryfast"
-"""libx264 preset. At CRF 18 on 1344x768 clips, veryfast encodes 3-4x faster than medium for files within a few
-percent of medium's size on smooth content and about 10 % larger on noise (bench/mux.py; docs/benchmarks.md)."""
+"""libx264 preset, chosen by bench/mux.py on the H200 machine (16 cores, CRF 18, 1344x768, 107 frames): on noise
+veryfast is 2.1x faster than medium and 5 % smaller, and leaves a 1.4 s streamed tail against medium's 5.3 s; on
+smooth content its file is 21 % larger (1.08 vs 0.90 MB). ultrafast cuts the tail further but doubles smooth files
+(1.92 MB) and adds 13 % on noise. Figures in docs/benchmarks.md."""
 LEGACY_VIDEO_PRESET = "medium"  # FFmpeg's default, what write_mp4 used before the preset was chosen
 AUDIO_CODEC = "aac"
 AUDIO_FORMAT = "fltp"
