@@ -108,16 +108,32 @@ def iter_video_frames(
     *,
     tile_batch: int = 0,
     cuda_autocast_dtype: torch.dtype | None = torch.float16,
+    group=None,
 ) -> Iterator[torch.Tensor]:
     """Decode ``[1, 24, T, Hl, Wl]`` normalized latents chunk by chunk: yields uint8 frames ``[n_i, H, W, 3]`` on the
     latents' device, in order, ``17n+5`` frames in all, equal to ``vae.decode``'s (up to the batch-size dependence of
     the matmul kernels). ``tile_batch`` caps the tiles per decoder call (0: all tiles of a chunk; larger values
-    batch several chunks' tiles into one call)."""
+    batch several chunks' tiles into one call).
+
+    With a ``torch.distributed`` process ``group`` of more than one rank, every rank of the group must call this
+    with the same latents: rank r decodes tiles r, r + W, ... of each chunk (``tile_batch`` then caps its own calls)
+    and the tiles are gathered on the group's rank 0, which alone yields frames; the other ranks yield nothing."""
     _check_video_latents(vae, latents)
     if tile_batch < 0:
         raise ValueError(f"tile_batch must be >= 0 (0 = one temporal chunk per call), got {tile_batch}")
     with torch.inference_mode():
-        yield from _iter_chunks(vae, _denormalize(vae, latents), tile_batch, cuda_autocast_dtype)
+        z = _denormalize(vae, latents).to(next(vae.post_quant_conv.parameters()).dtype)
+        plan = _ChunkPlan(vae, z)
+        precision = _precision(z.device, cuda_autocast_dtype)
+        if group is not None and torch.distributed.get_world_size(group) > 1:
+            clips = _split_clips(vae, plan, tile_batch, precision, group)
+            if torch.distributed.get_rank(group) != 0:
+                for _ in clips:
+                    pass
+                return
+        else:
+            clips = _local_clips(vae, plan, tile_batch, precision)
+        yield from _frames_from_clips(vae, plan, clips)
 
 
 def _tile_layout(vae, latent_height: int, latent_width: int):
@@ -135,48 +151,94 @@ def _tile_layout(vae, latent_height: int, latent_width: int):
     return rows, y_overlaps, x_overlaps
 
 
-def _iter_chunks(vae, z: torch.Tensor, tile_batch: int, cuda_autocast_dtype) -> Iterator[torch.Tensor]:
-    """``vae._decode`` with batched tiles and per-chunk output (see its docstring for the temporal chunking)."""
-    z = z.to(next(vae.post_quant_conv.parameters()).dtype)
-    chunk_tokens, token_drop = vae.tokens_chunk_size, vae.config.token_drop
-    chunk_frames = chunk_tokens * vae.temporal_compression_ratio
-    num_tokens = z.shape[2] + token_drop
-    pad_tokens = (-num_tokens) % chunk_tokens
-    num_chunks = (num_tokens + pad_tokens) // chunk_tokens - int(token_drop > 0)
-    if pad_tokens > 0:  # diffusers repeats the last latent frame and trims frames afterwards; 5n+2 never needs it
-        raise ValueError(f"{z.shape[2]} latent frames need {pad_tokens} padding tokens with this VAE's chunking")
+class _ChunkPlan:
+    """``vae._decode``'s temporal chunking (latent windows of 5 + 2 frames every 5) and ``_decode_clip``'s tiles."""
 
-    rows, y_overlaps, x_overlaps = _tile_layout(vae, z.shape[-2], z.shape[-1])
-    tiles_per_chunk = sum(len(row) for row in rows)
-    batch = tile_batch or tiles_per_chunk
-    span = chunk_tokens + vae.token_overlap  # latent frames per chunk window (7 at 5 + 2)
-    windows = [z[:, :, i * chunk_tokens: i * chunk_tokens + span] for i in range(num_chunks)]
-    work = [(i, ys, xs) for i in range(num_chunks) for row in rows for ys, xs in row]  # chunk-major, row-major tiles
+    def __init__(self, vae, z: torch.Tensor):
+        chunk_tokens, token_drop = vae.tokens_chunk_size, vae.config.token_drop
+        num_tokens = z.shape[2] + token_drop
+        pad_tokens = (-num_tokens) % chunk_tokens
+        if pad_tokens > 0:  # diffusers repeats the last latent frame and trims frames afterwards; 5n+2 never needs it
+            raise ValueError(f"{z.shape[2]} latent frames need {pad_tokens} padding tokens with this VAE's chunking")
+        num_chunks = num_tokens // chunk_tokens - int(token_drop > 0)
+        span = chunk_tokens + vae.token_overlap  # latent frames per chunk window (7 at 5 + 2)
+        self.windows = [z[:, :, i * chunk_tokens: i * chunk_tokens + span] for i in range(num_chunks)]
+        self.rows, self.y_overlaps, self.x_overlaps = _tile_layout(vae, z.shape[-2], z.shape[-1])
+        self.tiles = [tile for row in self.rows for tile in row]  # row-major
+        self.chunk_frames = chunk_tokens * vae.temporal_compression_ratio
+        self.token_drop = token_drop
 
+    def stitch(self, vae, flat: list[torch.Tensor]) -> torch.Tensor:
+        """Row-major decoded tiles ``[1, 3, F, h, w]`` of one chunk -> the blended clip ``[1, 3, F, H, W]``."""
+        grid, k = [], 0
+        for row in self.rows:
+            grid.append(flat[k: k + len(row)])
+            k += len(row)
+        return vae._stitch_tiles(grid, self.y_overlaps, self.x_overlaps)
+
+
+def _decode_tiles(vae, plan: _ChunkPlan, items, precision) -> torch.Tensor:
+    """One decoder call on the stacked (chunk, tile index) items: ``[b, 3, F, 16h, 16w]``."""
+    stack = torch.cat([plan.windows[i][..., plan.tiles[k][0], plan.tiles[k][1]] for i, k in items], dim=0)
+    with precision:
+        return vae.decoder(vae.post_quant_conv(stack))
+
+
+def _local_clips(vae, plan: _ChunkPlan, tile_batch: int, precision) -> Iterator[torch.Tensor]:
+    """Stitched clips in chunk order, decoding ``tile_batch`` tiles per call across chunk boundaries."""
+    per_chunk = len(plan.tiles)
+    work = [(i, k) for i in range(len(plan.windows)) for k in range(per_chunk)]
+    batch = tile_batch or per_chunk
     decoded: dict[int, list[torch.Tensor]] = {}
-    next_chunk, overlap = 0, None
-    precision = _precision(z.device, cuda_autocast_dtype)
+    next_chunk = 0
     for start in range(0, len(work), batch):
         items = work[start: start + batch]
-        stack = torch.cat([windows[i][..., ys, xs] for i, ys, xs in items], dim=0)  # [b, C, t, h, w]
-        with precision:
-            out = vae.decoder(vae.post_quant_conv(stack))  # [b, 3, F, 16h, 16w]
-        for (i, _, _), tile in zip(items, out.split(1)):
+        for (i, _), tile in zip(items, _decode_tiles(vae, plan, items, precision).split(1)):
             decoded.setdefault(i, []).append(tile)
-        while next_chunk in decoded and len(decoded[next_chunk]) == tiles_per_chunk:
-            flat = decoded.pop(next_chunk)
-            grid, k = [], 0
-            for row in rows:
-                grid.append(flat[k: k + len(row)])
-                k += len(row)
-            clip = vae._stitch_tiles(grid, y_overlaps, x_overlaps)  # [1, 3, F, H, W]
-            first = clip[:, :, vae.frame_pre_padding: chunk_frames]
-            if overlap is not None:
-                first = vae._blend(overlap, first, vae.frame_overlap, dim=-3)
-            if token_drop > 0:
-                overlap = clip[:, :, chunk_frames: 2 * chunk_frames][:, :, vae.frame_pre_padding:]
-            yield _to_frames(first)
+        while len(decoded.get(next_chunk, ())) == per_chunk:
+            yield plan.stitch(vae, decoded.pop(next_chunk))
             next_chunk += 1
+
+
+def _split_clips(vae, plan: _ChunkPlan, tile_batch: int, precision, group) -> Iterator[torch.Tensor | None]:
+    """Per chunk: this rank's tiles (k = rank mod W), gathered on group rank 0, which yields the stitched clip;
+    the other ranks yield None. Shorter tile lists are padded so every rank sends the same shape."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    per_chunk = len(plan.tiles)
+    mine = list(range(rank, per_chunk, world))
+    share = -(-per_chunk // world)
+    for i in range(len(plan.windows)):
+        items = [(i, k) for k in mine]
+        batch = tile_batch or max(1, len(items))
+        outs = [_decode_tiles(vae, plan, items[s: s + batch], precision) for s in range(0, len(items), batch)]
+        local = torch.cat(outs) if outs else None
+        if local is None or local.shape[0] < share:  # pad (a rank with no tile sends zeros of a tile's shape)
+            template = local if local is not None else _decode_tiles(vae, plan, [(i, 0)], precision)
+            pad = template.new_zeros((share - (0 if local is None else local.shape[0]), *template.shape[1:]))
+            local = pad if local is None else torch.cat([local, pad])
+        local = local.contiguous()
+        if rank == 0:
+            gathered = [torch.empty_like(local) for _ in range(world)]
+            dist.gather(local, gathered, group=group, group_dst=0)
+            yield plan.stitch(vae, [gathered[k % world][k // world: k // world + 1] for k in range(per_chunk)])
+        else:
+            dist.gather(local, None, group=group, group_dst=0)
+            yield None
+
+
+def _frames_from_clips(vae, plan: _ChunkPlan, clips: Iterator[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """Cut each stitched clip to its own frames and cross-fade it with the previous clip's overlap, as
+    ``vae._decode`` does; yields uint8 frames per chunk, then the last overlap."""
+    overlap = None
+    for clip in clips:
+        first = clip[:, :, vae.frame_pre_padding: plan.chunk_frames]
+        if overlap is not None:
+            first = vae._blend(overlap, first, vae.frame_overlap, dim=-3)
+        if plan.token_drop > 0:
+            overlap = clip[:, :, plan.chunk_frames: 2 * plan.chunk_frames][:, :, vae.frame_pre_padding:]
+        yield _to_frames(first)
     if overlap is not None:
         yield _to_frames(overlap)
 
