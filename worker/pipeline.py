@@ -12,12 +12,19 @@ Data flow of `Pipeline.render` (spec h3-model.md §1.2):
 fetch and a strict weight load. The job service (worker/resident.py) keeps one instance per worker process.
 `render` is `denoise` (text encode + 8 steps) then `write` (decode + mux): a sequence-parallel rank group
 (worker/rank_group.py) runs `denoise` on every rank and `write` on rank 0 only.
+
+`write` follows `WriteOptions`. The default streams: the video VAE decodes all tiles of a temporal chunk in one
+call and each chunk's frames go straight to an `mp4.Mp4Writer` whose libx264 encode runs on a thread while the next
+chunk decodes, so `timings["mux"]` is only the tail after the last chunk (flush, mux, fsync, rename).
+`WriteOptions.legacy()` is the pre-streaming path (diffusers' per-tile decode, then a whole-clip libx264 medium
+encode), kept for bench/e2e.py's baseline. On CUDA `load` keeps a decoder-only fp16 copy of the video VAE with each
+ViT block compiled, and `warm_up` runs every compiled path once so that no job pays a first-call compile.
 """
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,6 +47,20 @@ STAGES = ("text_encode", "denoise", "decode", "mux")
 
 ProgressFn = Callable[[str, int, int], None]
 """on_progress(stage, step, total): step/total count denoise forwards; other stages report (0, 0) on entry."""
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """How `Pipeline.write` turns latents into the MP4."""
+
+    tile_batch: int | None = 0  # tiles per VAE decoder call; 0 = all tiles of a temporal chunk; None = per tile
+    stream_mux: bool = True  # encode each decoded chunk on a writer thread while the next one decodes
+    preset: str = mp4.VIDEO_PRESET  # libx264 preset
+
+    @classmethod
+    def legacy(cls) -> WriteOptions:
+        """The path before P2: diffusers' per-tile `vae.decode`, then the whole clip encoded with libx264 medium."""
+        return cls(tile_batch=None, stream_mux=False, preset=mp4.LEGACY_VIDEO_PRESET)
 
 
 class RenderCancelled(Exception):
@@ -110,7 +131,8 @@ def default_device() -> torch.device:
 class Pipeline:
     """The loaded release: DiT, text encoder and both VAEs, resident on one device."""
 
-    def __init__(self, info: contract.ReleaseInfo, dit, text_encoder: TextEncoder, video_vae, audio_vae, device):
+    def __init__(self, info: contract.ReleaseInfo, dit, text_encoder: TextEncoder, video_vae, audio_vae, device, *,
+                 write_options: WriteOptions | None = None):
         self.info = info
         self.release_dir = Path(info.path)
         self.release_id = info.model_id
@@ -122,11 +144,16 @@ class Pipeline:
         self.device = device
         self.ladder = SigmaLadder.v2()
         self.sparsity = float(info.entry.contract.vsa_sparsity)
+        self.write_options = write_options or WriteOptions()
 
     @classmethod
     def load(cls, release_dir: str | Path, *, device: str | torch.device | None = None,
-             hf_cache: str | Path | None = None) -> Pipeline:
-        """Validate the release, fetch the pinned base VAEs and load every model; raises ValueError on any violation."""
+             hf_cache: str | Path | None = None, warm_up: Sequence[RenderRequest] | None = None) -> Pipeline:
+        """Validate the release, fetch the pinned base VAEs and load every model; raises ValueError on any violation.
+
+        On CUDA the video VAE is kept decoder-only in fp16 with compiled ViT blocks, and `warm_up` (default: one
+        request at the service's default geometry) runs before returning, so the caller reports ready only once
+        no first-job compile is left. On CPU the fp32 VAE is used as loaded and nothing is warmed up."""
         from h3batch.worker.h3.text_encoder import TextEncoder
 
         device = torch.device(device) if device is not None else default_device()
@@ -137,8 +164,13 @@ class Pipeline:
         dit = load_transformer(root / "transformer", vsa_gates=True, device=device)
         text = TextEncoder.load(root / "text_encoder", root / "tokenizer", info.entry.text_hidden_layer, device)
         video_vae = vae_checkpoint_convert.load_video_vae(fl2va).to(device).eval()
+        cuda = device.type == "cuda"
+        video_vae = decode.prepare_video_decoder(video_vae, torch.float16 if cuda else None, compile_blocks=cuda)
         audio_vae = vae_checkpoint_convert.load_audio_vae(fl2va).to(device).eval()
-        return cls(info, dit, text, video_vae, audio_vae, device)
+        pipe = cls(info, dit, text, video_vae, audio_vae, device)
+        if cuda:
+            pipe.warm_up(warm_up if warm_up is not None else (RenderRequest(prompt="warm-up"),))
+        return pipe
 
     def geometry(self, req: RenderRequest) -> RequestGeometry:
         return RequestGeometry(req.width, req.height, req.seconds)
@@ -158,10 +190,33 @@ class Pipeline:
         return self.write(clip, out_path, on_progress=on_progress, should_cancel=should_cancel)
 
     @torch.inference_mode()
+    def warm_up(self, requests: Sequence[RenderRequest]) -> float:
+        """Run each compiled path once per geometry in `requests`: text encode, one DiT step, the video decode of
+        those latents (the compiled decoder at this geometry's tile batch) and the audio decode. Writes nothing;
+        returns the seconds spent."""
+        t0 = time.perf_counter()
+        for req in requests:
+            clip = self.denoise(req, steps=1)
+            geo = clip.geometry
+            latents = packing.unpatchify_video(clip.video, geo.latent_frames, geo.latent_height, geo.latent_width)
+            if self.write_options.tile_batch is None:
+                decode.decode_video(self.video_vae, latents)
+            else:
+                for _ in decode.iter_video_frames(self.video_vae, latents, tile_batch=self.write_options.tile_batch):
+                    pass
+            decode.decode_audio(self.audio_vae, clip.audio[0])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - t0
+        log.info("warm-up of %d geometr%s: %.1f s", len(requests), "y" if len(requests) == 1 else "ies", seconds)
+        return seconds
+
+    @torch.inference_mode()
     def denoise(self, req: RenderRequest, *, on_progress: ProgressFn | None = None,
-                should_cancel: Callable[[], bool] | None = None) -> DenoisedClip:
+                should_cancel: Callable[[], bool] | None = None, steps: int | None = None) -> DenoisedClip:
         """Stages text_encode and denoise: the prompt and seed to final latents. Checks `should_cancel` at the
-        start and before every step (9 boundaries, in the same order on every call)."""
+        start and before every step (9 boundaries, in the same order on every call). `steps` stops early (warm-up
+        only: the latents are then not a finished clip)."""
         self.validate(req)
         geo = self.geometry(req)
         progress = on_progress or (lambda stage, step, total: None)
@@ -181,11 +236,12 @@ class Pipeline:
 
         # 2. Denoise: 8 forwards from seeded noise; latent state fp32 on the device.
         total = self.ladder.num_steps
+        run_steps = total if steps is None else min(total, steps)
         t0 = time.perf_counter()
         video_noise, audio = initial_noise(req.seed, geo)
         video = packing.patchify_video(video_noise).to(self.device)  # [1, Nv, 96]
         audio = audio.unsqueeze(0).to(self.device)  # [1, 2A, 32]
-        for k in range(total):
+        for k in range(run_steps):
             boundary()
             t_video, t_audio = self.ladder.timesteps(k)
             timestep, timestep_indices = packing.row_timesteps(t_video, t_audio, dev_layout)
@@ -210,33 +266,49 @@ class Pipeline:
         timings = dict(clip.timings)
         boundary = _stop_check(should_cancel, timings)
 
-        # 3. Decode both modalities with the diffusers VAEs.
+        # 3. Decode both modalities with the diffusers VAEs; 4. mux into the MP4 (temp file + rename).
         boundary()
         progress("decode", 0, 0)
         t0 = time.perf_counter()
+        options = self.write_options
         latents = packing.unpatchify_video(video, geo.latent_frames, geo.latent_height, geo.latent_width)
-        frames = decode.decode_video(self.video_vae, latents)  # uint8 [N, H, W, 3]
         waveform = decode.decode_audio(self.audio_vae, audio[0])  # fp32 [2, 800A]
-        timings["decode"] = time.perf_counter() - t0
-
-        # 4. Mux into the MP4 (temp file + rename).
-        boundary()
-        progress("mux", 0, 0)
-        t0 = time.perf_counter()
         metadata = {
             "comment": f"h3batch seed={req.seed}",
             "h3batch_release": self.release_id,
             "h3batch_contract_sha256": self.contract_hash,
             "h3batch_seed": str(req.seed),
-            "h3batch_stage_seconds": ",".join(f"{k}={v:.4f}" for k, v in timings.items()),  # stages before mux
         }
-        metadata.update(req.metadata)
-        path = mp4.write_mp4(out_path, frames, waveform, metadata=metadata)
-        timings["mux"] = time.perf_counter() - t0
+
+        def tags() -> dict[str, str]:
+            stages = ",".join(f"{k}={v:.4f}" for k, v in timings.items())  # stages before mux
+            return {**metadata, "h3batch_stage_seconds": stages, **dict(req.metadata)}
+
+        if options.tile_batch is None:  # legacy: decode the whole clip, then encode it
+            frames = decode.decode_video(self.video_vae, latents)  # uint8 [N, H, W, 3]
+            timings["decode"] = time.perf_counter() - t0
+            boundary()
+            progress("mux", 0, 0)
+            t0 = time.perf_counter()
+            path = mp4.write_mp4(out_path, frames, waveform, metadata=tags(), preset=options.preset)
+            timings["mux"] = time.perf_counter() - t0
+            num_frames = int(frames.shape[0])
+        else:  # streaming: each decoded chunk goes to the encoder while the next one decodes
+            with mp4.Mp4Writer(out_path, geo.width, geo.height, waveform, preset=options.preset,
+                               background=options.stream_mux) as writer:
+                for frames in decode.iter_video_frames(self.video_vae, latents, tile_batch=options.tile_batch):
+                    writer.add_frames(frames)  # BT.709 conversion on the frames' device, encode on the thread
+                timings["decode"] = time.perf_counter() - t0
+                boundary()  # a cancel here leaves the block: the writer aborts, nothing is written
+                progress("mux", 0, 0)
+                t0 = time.perf_counter()
+                path = writer.finish(metadata=tags())
+                timings["mux"] = time.perf_counter() - t0
+                num_frames = writer.frames_written
 
         return RenderResult(
             path=Path(path), seed=req.seed, timings=timings,
             tokens={"text": layout.text_rows, "audio_rows": layout.audio_rows, "video_rows": layout.video_rows,
                     "sequence": layout.sequence_length},
-            frames=int(frames.shape[0]), width=geo.width, height=geo.height, seconds=geo.num_frames / 24,
+            frames=num_frames, width=geo.width, height=geo.height, seconds=geo.num_frames / 24,
         )
