@@ -7,6 +7,7 @@ fresh venv, so a package or data file missing from pyproject.toml fails here.
 from __future__ import annotations
 
 import re
+import shutil
 import site
 import subprocess
 import sys
@@ -37,9 +38,17 @@ def test_every_package_folder_is_listed_in_pyproject():
 def installed(tmp_path_factory) -> Path:
     """A fresh venv (outside the checkout) with the h3batch wheel installed; returns its bin directory."""
     root = tmp_path_factory.mktemp("installed")
+    # Build from a copy of the tracked files: setuptools writes build/ into the source tree it builds.
+    source = root / "source"
+    tracked = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                             capture_output=True, check=True).stdout
+    for name in filter(None, tracked.decode().split("\0")):
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
     wheels = root / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(wheels), str(REPO)], check=True, timeout=300, cwd=root)
+                    str(wheels), str(source)], check=True, timeout=300, cwd=root)
     wheel = next(wheels.glob("h3batch-*.whl"))
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)

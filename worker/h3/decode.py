@@ -78,7 +78,7 @@ def prepare_video_decoder(vae, dtype: torch.dtype | None = torch.float16, *, com
                           compile_mode: str | None = None, copy_module: bool = False):
     """The serving form of a loaded ``AutoencoderKLMiniMaxH3``: encoder and ``quant_conv`` dropped (decode never
     runs them), parameters cast to ``dtype`` except in the modules diffusers pins to fp32 (as
-    ``vae_native.load_video_vae(dtype=...)`` would load them), and with ``compile_blocks`` each ViT block
+    ``vae_checkpoint_convert.load_video_vae(dtype=...)`` would load them), and with ``compile_blocks`` each ViT block
     wrapped by ``torch.compile`` (one compiled graph serves all 36 blocks: same code, same shapes).
     ``copy_module`` works on a deep copy (for benchmarks that keep the original); otherwise in place."""
     if copy_module:
