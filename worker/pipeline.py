@@ -8,8 +8,11 @@ Data flow of `Pipeline.render` (spec h3-model.md §1.2):
     video latents ──VAE──▶ uint8 frames [N,H,W,3];  audio rows ──audio VAE──▶ waveform [2,800A]
     frames + waveform ──PyAV──▶ MP4 (H.264 24 fps + AAC stereo 32 kHz), written atomically
 
-`Pipeline.load` does every check a worker must pass before it takes a job: the release contract, the pinned base-VAE
-fetch and a strict weight load. The job service (worker/tasks.py) owns one instance per worker process.
+`Pipeline.load` does every check a worker must pass before it takes a job: the release reference (a directory or a Hub
+repo at a revision, worker/h3/release_ref.py), the release contract, the base-VAE fetch at the provenance revision and
+a strict weight load. What the weights are is kept in `Pipeline.provenance` (the commits the release and base
+revisions resolved to), logged at load, written into every MP4 and onto every job record (worker/job_metadata.py).
+The job service (worker/tasks.py) owns one instance per worker process.
 `render` is `denoise` (text encode + 8 steps) then `write` (decode + mux): a sequence-parallel rank group
 (worker/rank_group.py) runs `denoise` on every rank and `write` on rank 0 only.
 """
@@ -25,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from h3batch.core.geometry import RequestGeometry
-from h3batch.worker.h3 import base_vae_fetch, contract, decode, mp4, packing, vae_checkpoint_convert
+from h3batch.worker.h3 import base_vae_fetch, contract, decode, mp4, packing, release_ref, vae_checkpoint_convert
 from h3batch.worker.h3.loader import load_transformer
 from h3batch.worker.h3.sampler import SigmaLadder, initial_noise
 from h3batch.worker.h3.vsa_plan import vsa_plan_for_layout
@@ -103,6 +106,24 @@ def _stop_check(should_cancel: Callable[[], bool] | None, timings: dict[str, flo
     return boundary
 
 
+def provenance_of(info: contract.ReleaseInfo, release: release_ref.ResolvedRelease,
+                  base: base_vae_fetch.BaseVaes | None) -> dict[str, str | None]:
+    """Where the weights came from, as job records keep it: the release reference and commit, the base repo, its
+    provenance revision and the commit that revision resolved to (None where not known: a release directory has no
+    commit; a DiT-only rank never fetches the base)."""
+    ref = release.ref
+    return {"release": str(ref), "release_repo": ref.repo_id, "release_revision": ref.revision if ref.is_hub else None,
+            "release_commit": release.commit, "base_repo": info.base_repo_id, "base_revision": info.base_revision,
+            "base_commit": base.commit if base is not None else None}
+
+
+def provenance_tags(provenance: dict[str, str | None]) -> dict[str, str]:
+    """MP4 tags of a provenance: `h3batch_base_commit`, and `h3batch_release_commit` for a release from the Hub."""
+    tags = {"h3batch_base_commit": provenance.get("base_commit"),
+            "h3batch_release_commit": provenance.get("release_commit")}
+    return {key: value for key, value in tags.items() if value}
+
+
 def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
@@ -110,8 +131,10 @@ def default_device() -> torch.device:
 class Pipeline:
     """The loaded release: DiT, text encoder and both VAEs, resident on one device."""
 
-    def __init__(self, info: contract.ReleaseInfo, dit, text_encoder: TextEncoder, video_vae, audio_vae, device):
+    def __init__(self, info: contract.ReleaseInfo, dit, text_encoder: TextEncoder, video_vae, audio_vae, device,
+                 provenance: dict[str, str | None] | None = None):
         self.info = info
+        self.provenance = dict(provenance or {})
         self.release_dir = Path(info.path)
         self.release_id = info.model_id
         self.contract_hash = info.contract_hash
@@ -124,21 +147,27 @@ class Pipeline:
         self.sparsity = float(info.entry.contract.vsa_sparsity)
 
     @classmethod
-    def load(cls, release_dir: str | Path, *, device: str | torch.device | None = None,
-             hf_cache: str | Path | None = None) -> Pipeline:
-        """Validate the release, fetch the pinned base VAEs and load every model; raises ValueError on any violation."""
+    def load(cls, release: str | Path, *, device: str | torch.device | None = None,
+             hf_cache: str | Path | None = None, require_pinned_base: bool = False) -> Pipeline:
+        """Resolve the release (a directory or a Hub reference), validate it, fetch the base VAEs at the provenance
+        revision and load every model; raises ValueError on any violation (the reference, contract and fetch errors
+        are one line naming what failed)."""
         from h3batch.worker.h3.text_encoder import TextEncoder
 
         device = torch.device(device) if device is not None else default_device()
-        info = contract.validate_release(release_dir)  # ContractError names the field
+        resolved = release_ref.resolve_release(release, release_ref.ReleaseRole.TEXT, cache_dir=hf_cache)
+        info = contract.validate_release(resolved.path, require_pinned_base=require_pinned_base)
         log.info("release %s: %s", info.model_id, info.startup_log_line)
-        fl2va = base_vae_fetch.fetch_base_vaes(info, cache_dir=hf_cache)
+        base = base_vae_fetch.resolve_base_vaes(info, cache_dir=hf_cache, require_pinned=require_pinned_base)
+        provenance = provenance_of(info, resolved, base)
+        log.info("release %s commit %s; base %s@%s resolved to commit %s", provenance["release"],
+                 provenance["release_commit"] or "(local directory)", base.repo_id, base.revision, base.commit)
         root = Path(info.path)
         dit = load_transformer(root / "transformer", vsa_gates=True, device=device)
         text = TextEncoder.load(root / "text_encoder", root / "tokenizer", info.entry.text_hidden_layer, device)
-        video_vae = vae_checkpoint_convert.load_video_vae(fl2va).to(device).eval()
-        audio_vae = vae_checkpoint_convert.load_audio_vae(fl2va).to(device).eval()
-        return cls(info, dit, text, video_vae, audio_vae, device)
+        video_vae = vae_checkpoint_convert.load_video_vae(base.root).to(device).eval()
+        audio_vae = vae_checkpoint_convert.load_audio_vae(base.root).to(device).eval()
+        return cls(info, dit, text, video_vae, audio_vae, device, provenance)
 
     def geometry(self, req: RenderRequest) -> RequestGeometry:
         return RequestGeometry(req.width, req.height, req.seconds)
@@ -229,6 +258,7 @@ class Pipeline:
             "h3batch_contract_sha256": self.contract_hash,
             "h3batch_seed": str(req.seed),
             "h3batch_stage_seconds": ",".join(f"{k}={v:.4f}" for k, v in timings.items()),  # stages before mux
+            **provenance_tags(self.provenance),
         }
         metadata.update(req.metadata)
         path = mp4.write_mp4(out_path, frames, waveform, metadata=metadata)

@@ -1,7 +1,8 @@
 """`h3batch render`: one prompt to one MP4 on this machine, with a progress bar per step and a JSON summary line.
 
 Exit 0 on success (the last stdout line is the JSON summary), 2 with one line on stderr for bad input (empty prompt,
-unsupported size or duration, missing or invalid release), 1 for an unexpected failure.
+unsupported size or duration, missing or invalid release, a Hub release the cache or Hub cannot serve), 1 for an
+unexpected failure.
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ DEFAULT_RELEASE = str(env_value("H3BATCH_RELEASE") or Settings().release_dir)
 
 def _parser() -> argparse.ArgumentParser:
     p = OneLineArgumentParser(prog="h3batch render", description=__doc__.splitlines()[0])
-    p.add_argument("--release", default=DEFAULT_RELEASE, help="release directory (default: %(default)s)")
+    p.add_argument("--release", default=DEFAULT_RELEASE,
+                   help="release directory, or Hub repo org/name[@revision] / hf://org/name@revision "
+                        "(default: %(default)s)")
     p.add_argument("--prompt", required=True, help="text prompt, used verbatim")
     p.add_argument("--seconds", type=float, default=4.0, help="duration, 4-15 s (default: %(default)s)")
     p.add_argument("--width", type=int, default=256, help="multiple of 32 (default: %(default)s)")
@@ -42,21 +45,29 @@ def _fail(message: str) -> int:
     return 2
 
 
-def resolve_hf_cache(release: Path, explicit: str | None) -> str | None:
-    """Explicit flag, else $HF_HUB_CACHE, else the sibling `hf-cache` that `build-tiny` writes when it exists."""
+def resolve_hf_cache(release: Path | None, explicit: str | None) -> str | None:
+    """Explicit flag, else $HF_HUB_CACHE, else the sibling `hf-cache` that `build-tiny` writes when it exists
+    (`release` None, a Hub release: huggingface_hub's default cache)."""
     if explicit:
         return explicit
     if os.environ.get("HF_HUB_CACHE"):
         return os.environ["HF_HUB_CACHE"]
+    if release is None:
+        return None
     sibling = release.resolve().parent / "hf-cache"
     return str(sibling) if sibling.is_dir() else None
 
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    release = Path(args.release)
-    if not release.is_dir():
-        return _fail(f"release directory {str(release)!r} does not exist (build one: h3batch build-tiny --out DIR)")
+    from h3batch.worker.h3.release_ref import ReleaseRefError, parse_release_ref
+    try:
+        ref = parse_release_ref(args.release)
+    except ReleaseRefError as err:
+        return _fail(str(err))
+    if not ref.is_hub and not ref.directory.is_dir():
+        return _fail(f"release directory {str(ref.directory)!r} does not exist "
+                     f"(build one: h3batch build-tiny --out DIR)")
     if not args.prompt.strip():
         return _fail("--prompt: expected a non-empty prompt")
     out = Path(args.out)
@@ -84,8 +95,9 @@ def main(argv: list[str]) -> int:
 
     started = time.perf_counter()
     try:
-        pipe = load_pipeline(release, ranks=ranks, device=args.device,
-                             hf_cache=resolve_hf_cache(release, args.hf_cache))
+        pipe = load_pipeline(args.release, ranks=ranks, device=args.device,
+                             hf_cache=resolve_hf_cache(ref.directory, args.hf_cache),
+                             require_pinned_base=bool(env_value("H3BATCH_REQUIRE_PINNED_BASE")))
     except ValueError as err:  # contract, provenance and loader errors all name the field or key
         return _fail(str(err).splitlines()[0])
     except RankGroupError as err:

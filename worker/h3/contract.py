@@ -5,11 +5,13 @@ A release directory is accepted only if
 1. ``fastvideo_inference.json`` carries the 11 contract fields of a registry entry, compared in table order with
    Python ``!=`` (so ``8.0`` passes for ``8``) and booleans refused (``True == 1`` would otherwise slip through);
    a missing key reads as ``None``;
-2. ``provenance.json`` pins the base repo as ``hf://MiniMaxAI/MiniMax-H3@<40-hex commit>`` (h3batch is stricter than
-   vllm-omni: a branch name such as ``@main`` is not a pin and is refused);
+2. ``provenance.json`` names the base repo as ``hf://MiniMaxAI/MiniMax-H3@<revision>`` with any non-empty revision,
+   as vllm-omni accepts (a tag or branch too: ``worker/h3/base_vae_fetch.py`` resolves it to the commit it stands
+   for, and that commit is what jobs record); ``require_pinned_base=True`` (``H3BATCH_REQUIRE_PINNED_BASE=1``)
+   restores the 40-hex commit requirement;
 3. the required files are there: the modular marker, the Diffusers transformer index and every shard it names (and
-   no unindexed shard beside them), the text encoder and tokenizer; the index holds one compression gate per DiT
-   block.
+   no unindexed shard beside them), the text encoder and tokenizer (not checked with ``conditioner=False``, for a
+   DiT-only rank that fetched no conditioner); the index holds one compression gate per DiT block.
 
 ``find_violations`` lists every problem, one line each (``h3batch check-release`` prints them and exits 2);
 ``validate_release`` raises ``ContractError`` with the first one and returns a ``ReleaseInfo`` for the worker.
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from h3batch.cli_args import OneLineArgumentParser
+from h3batch.settings import env_value
 
 CONTRACT_FILE = "fastvideo_inference.json"
 PROVENANCE_FILE = "provenance.json"
@@ -249,15 +252,21 @@ def check_contract(data: Any) -> tuple[list[str], RegistryEntry | None]:
     return violations, entry
 
 
-def parse_provenance(data: Any) -> tuple[str | None, str | None]:
-    """(revision, None) for ``{"base_model": "hf://MiniMaxAI/MiniMax-H3@<40 hex>"}``, else (None, violation)."""
+def parse_provenance(data: Any, *, require_pinned: bool = False) -> tuple[str | None, str | None]:
+    """(revision, None) for ``{"base_model": "hf://MiniMaxAI/MiniMax-H3@<revision>"}``, else (None, violation).
+
+    Any non-empty revision is accepted; ``require_pinned`` accepts only a 40-hex (lower-case) commit.
+    """
     base_model = data.get("base_model") if isinstance(data, dict) else None
     revision = base_model[len(PROVENANCE_PREFIX):] if isinstance(base_model, str) else ""
-    if isinstance(base_model, str) and base_model.startswith(PROVENANCE_PREFIX) and COMMIT_RE.fullmatch(revision):
-        return revision, None
+    if isinstance(base_model, str) and base_model.startswith(PROVENANCE_PREFIX) and revision.strip():
+        if not require_pinned or COMMIT_RE.fullmatch(revision):
+            return revision, None
+    expected = "<40-hex commit>" if require_pinned else "<revision>"
+    pinned = " (H3BATCH_REQUIRE_PINNED_BASE=1)" if require_pinned else ""
     return None, (
-        f"FastH3 V2 provenance must pin a {BASE_REPO_ID} base revision: "
-        f"{PROVENANCE_FILE} base_model={base_model!r}, expected '{PROVENANCE_PREFIX}<40-hex commit>'"
+        f"FastH3 V2 provenance must pin a {BASE_REPO_ID} base revision{pinned}: "
+        f"{PROVENANCE_FILE} base_model={base_model!r}, expected '{PROVENANCE_PREFIX}{expected}'"
     )
 
 
@@ -343,7 +352,7 @@ class _Findings:
     tensor_count: int
 
 
-def _inspect(path: str | Path) -> _Findings:
+def _inspect(path: str | Path, *, require_pinned_base: bool = False, conditioner: bool = True) -> _Findings:
     root = Path(path)
     if not root.is_dir():
         return _Findings([f"release directory not found: expected a directory at {root}"], None, None, (), 0)
@@ -360,7 +369,7 @@ def _inspect(path: str | Path) -> _Findings:
     if err:
         violations.append(err)
     else:
-        revision, problem = parse_provenance(provenance_data)
+        revision, problem = parse_provenance(provenance_data, require_pinned=require_pinned_base)
         if problem:
             violations.append(problem)
     index_data, err = _read_json(root / MODULAR_INDEX_FILE)
@@ -371,18 +380,19 @@ def _inspect(path: str | Path) -> _Findings:
         violations.append(f"{MODULAR_INDEX_FILE}: _class_name={found!r}, expected {MODULAR_CLASS_NAME!r}")
     found, shards, tensor_count = _check_transformer(root, entry)
     violations += found
-    violations += _check_conditioner(root)
+    if conditioner:
+        violations += _check_conditioner(root)
     return _Findings(violations, entry, revision, shards, tensor_count)
 
 
-def find_violations(path: str | Path) -> list[str]:
+def find_violations(path: str | Path, *, require_pinned_base: bool = False) -> list[str]:
     """Every contract violation of the release at ``path``, one line each; empty when valid."""
-    return _inspect(path).violations
+    return _inspect(path, require_pinned_base=require_pinned_base).violations
 
 
-def validate_release(path: str | Path) -> ReleaseInfo:
+def validate_release(path: str | Path, *, require_pinned_base: bool = False, conditioner: bool = True) -> ReleaseInfo:
     """Check the release at ``path`` (§6); raise ``ContractError`` (a ``ValueError``) naming the first violation."""
-    found = _inspect(path)
+    found = _inspect(path, require_pinned_base=require_pinned_base, conditioner=conditioner)
     if found.violations:
         raise ContractError(found.violations)
     assert found.entry is not None and found.revision is not None
@@ -405,13 +415,17 @@ def main(argv: list[str]) -> int:
     """``h3batch check-release DIR``: one summary line and exit 0, or one line per violation and exit 2."""
     parser = OneLineArgumentParser(prog="h3batch check-release", description="validate a FastH3 release directory")
     parser.add_argument("release_dir", help="release directory (holds fastvideo_inference.json)")
+    parser.add_argument("--require-pinned-base", action="store_true", default=None,
+                        help="refuse a base revision that is not a 40-hex commit "
+                             "(default: $H3BATCH_REQUIRE_PINNED_BASE)")
     args = parser.parse_args(argv)
-    violations = find_violations(args.release_dir)
+    pinned = bool(args.require_pinned_base or env_value("H3BATCH_REQUIRE_PINNED_BASE"))
+    violations = find_violations(args.release_dir, require_pinned_base=pinned)
     if violations:
         for line in violations:
             print(f"check-release: {line}", file=sys.stderr)
         return 2
-    info = validate_release(args.release_dir)
+    info = validate_release(args.release_dir, require_pinned_base=pinned)
     print(info.summary())
     return 0
 

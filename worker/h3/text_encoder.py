@@ -84,7 +84,7 @@ class TextEncoder:
             )
         kept_layers = hidden_layer
         config.text_config.num_hidden_layers = kept_layers
-        model, info = Qwen3VLForConditionalGeneration.from_pretrained(
+        model, info = _prefix_class(kept_layers, stored_layers).from_pretrained(
             text_encoder_dir,
             config=config,
             dtype=dtype,
@@ -123,6 +123,16 @@ class TextEncoder:
         # Last kept layer = hidden_layer - 1, norm = identity: this is hidden_states[hidden_layer].
         features = outputs.last_hidden_state  # [1, L, text_dim], pre-final-norm residual
         return features, len(token_ids)
+
+
+def _prefix_class(kept_layers: int, stored_layers: int) -> type[Qwen3VLForConditionalGeneration]:
+    """The model class to load a ``kept_layers``-deep prefix with: the dropped layers' tensors are expected, so
+    transformers need not print its load report for them (``_check_loading_info`` still vets every other key)."""
+    if kept_layers == stored_layers:
+        return Qwen3VLForConditionalGeneration
+    dropped = "|".join(str(i) for i in range(kept_layers, stored_layers))
+    return type("Qwen3VLForConditionalGenerationPrefix", (Qwen3VLForConditionalGeneration,),
+                {"_keys_to_ignore_on_load_unexpected": {rf"(?:^|\.)language_model\.layers\.(?:{dropped})\."}})
 
 
 def _check_loading_info(info: dict, kept_layers: int, stored_layers: int, where) -> None:

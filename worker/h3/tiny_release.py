@@ -16,6 +16,9 @@ never touches. The cache is written by hand because huggingface_hub only fills i
 LFS pointer ``blob_id`` and the tree listing follow what ``snapshot_download`` itself stores. The commit id is a sha1
 over the repo's file list, so it is a pure function of the seed.
 
+``place_release_in_hub_cache`` (``--hub-repo ORG/NAME``) puts the built release itself into that cache the same way,
+as a Hub repo at a commit, so a Hub reference (``--release ORG/NAME@revision``) is testable offline.
+
 Same seed -> byte-identical files. Every tensor is drawn from one seeded CPU ``torch.Generator`` per component, in
 sorted-name order, at a scale that keeps the tiny models' outputs finite and non-trivial.
 """
@@ -387,6 +390,20 @@ def write_hub_cache(cache_dir: Path, repo_id: str, files: dict[str, bytes]) -> t
     return commit, snapshot
 
 
+def release_files(release_dir: Path) -> dict[str, bytes]:
+    """Every file of a release directory (repo path -> bytes), as a Hub repo of it would hold them."""
+    return {path.relative_to(release_dir).as_posix(): path.read_bytes()
+            for path in sorted(release_dir.rglob("*")) if path.is_file()}
+
+
+def place_release_in_hub_cache(release_dir: str | Path, cache_dir: str | Path,
+                               repo_id: str = TINY_ENTRY.model_id) -> tuple[str, Path]:
+    """Put a built release into ``cache_dir`` as Hub repo ``repo_id`` at a commit (``refs/main`` points at it), as
+    ``snapshot_download`` would have left it; returns (commit, snapshot). Lets ``--release org/name@revision`` be
+    tested offline with ``HF_HUB_OFFLINE=1``."""
+    return write_hub_cache(Path(cache_dir), repo_id, release_files(Path(release_dir)))
+
+
 def default_hf_cache(release_dir: Path) -> Path:
     env = os.environ.get("HF_HUB_CACHE")
     return Path(env) if env else release_dir.resolve().parent / "hf-cache"
@@ -416,6 +433,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hf-cache", default=None, help="Hugging Face hub cache for the tiny base repo "
                         "(default: $HF_HUB_CACHE, else OUT/../hf-cache)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (same seed -> byte-identical files)")
+    parser.add_argument("--hub-repo", default=None, metavar="ORG/NAME",
+                        help=f"also place the release in the hub cache as this repo (e.g. {TINY_ENTRY.model_id}), "
+                             "so `--release ORG/NAME` resolves offline")
     args = parser.parse_args(argv)
     try:
         built = build_tiny_release(args.out, args.hf_cache, args.seed)
@@ -426,4 +446,7 @@ def main(argv: list[str]) -> int:
         f"tiny release {TINY_ENTRY.model_id} in {built.release_dir} ({built.seconds:.1f} s); base "
         f"{built.base_repo_id}@{built.base_commit} in {built.hf_cache}"
     )
+    if args.hub_repo:
+        commit, _ = place_release_in_hub_cache(built.release_dir, built.hf_cache, args.hub_repo)
+        print(f"hub repo {args.hub_repo}@{commit} in {built.hf_cache}")
     return 0
