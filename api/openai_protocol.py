@@ -162,8 +162,14 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
             "webhook_url": fields.get("webhook_url") or None}
 
 
+EXTRA_SAMPLER_FIELDS = ("num_inference_steps", "flow_shift", "audio_flow_shift", "guidance_scale")
+"""Sampler knobs a vllm-omni client may repeat inside `extra_params`: the release's own fixed values (8, 10, 3, 1) are
+accepted as no-ops, any other value is refused naming `extra_params.<field>` (the top-level rules, same wording)."""
+
+
 def _check_extra_params(raw: Any) -> None:
-    """vLLM-Omni's `extra_params` (a JSON object, ≤ 16 KiB): only `task: "t2va"` means anything here."""
+    """vLLM-Omni's `extra_params` (a JSON object, ≤ 16 KiB): `task: "t2va"` and the release's fixed sampler values
+    (`EXTRA_SAMPLER_FIELDS`) are accepted and change nothing; anything else is refused naming the field."""
     if raw in (None, ""):
         return
     text = raw if isinstance(raw, str) else json.dumps(raw)
@@ -179,7 +185,14 @@ def _check_extra_params(raw: Any) -> None:
     for name, value in params.items():
         if name == "task" and value in ("t2va", "t2v"):
             continue
-        raise _bad(f"extra_params.{name}", "not supported (only task=\"t2va\")", "unsupported_parameter")
+        if name in EXTRA_SAMPLER_FIELDS and value is not None:
+            try:
+                request_rules.check_sampler_fields({name: value})
+            except request_rules.RequestRuleError as exc:
+                raise _bad(f"extra_params.{name}", str(exc), "unsupported_parameter") from None
+            continue
+        raise _bad(f"extra_params.{name}", "not supported (only task=\"t2va\" and the release's fixed "
+                                           f"{', '.join(EXTRA_SAMPLER_FIELDS)})", "unsupported_parameter")
 
 
 _OWN_MESSAGES = ("unsupported_size", "unsupported_duration", "empty_prompt", "prompt_too_long")
