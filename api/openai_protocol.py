@@ -24,7 +24,7 @@ from h3batch.api.errors import ApiError
 from h3batch.api.job_service import Vocabulary
 from h3batch.api.schemas import CreateJob, first_error
 from h3batch.core import defaults, request_rules
-from h3batch.core.geometry import FPS, GeometryError, RequestGeometry
+from h3batch.core.geometry import FPS, GeometryError, RequestGeometry, nearest_canvas
 from h3batch.core.jobs import FINISHED, JobStatus
 
 DEFAULT_MODEL_ID = "FastVideo/FastVideo-FastH3-8-Step-V2"
@@ -49,7 +49,7 @@ _SAMPLER_INTS = ("num_inference_steps",)
 _INT_FIELDS = ("seed", "width", "height", "num_frames", "fps")
 _ACCEPTED = ("prompt", "model", "seconds", "size", "user", "width", "height", "num_frames", "fps", "seed",
              "num_inference_steps", "guidance_scale", "flow_shift", "audio_flow_shift", "generate_sound",
-             "extra_params", "webhook_url", "release", *_NO_CFG_FIELDS)
+             "extra_params", "webhook_url", "release", "aspect_ratio", *_NO_CFG_FIELDS)
 
 
 def _bad(field: str, message: str, code: str = "invalid_request") -> ApiError:
@@ -112,7 +112,7 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
     if "prompt" not in fields:
         raise _bad("prompt", "required (the text to render)")
 
-    width, height = defaults.DEFAULT_WIDTH, defaults.DEFAULT_HEIGHT
+    width, height = None, None  # absent: CreateJob gives the served release's default canvas
     if fields.get("size") not in (None, ""):
         width, height = _as_size(fields["size"])
     ints = {name: _as_int(name, fields[name]) for name in _INT_FIELDS if fields.get(name) not in (None, "")}
@@ -120,6 +120,11 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
         if name in ints and fields.get("size") not in (None, "") and ints[name] != from_size:
             raise ApiError(400, "unsupported_size", f"{name}: {ints[name]} contradicts size {fields['size']!r}")
     width, height = ints.get("width", width), ints.get("height", height)
+    if "width" not in ints and "height" not in ints and width is not None and (width % 32 or height % 32):
+        try:  # an OpenAI size such as 1280x720: the nearest canvas of that aspect (the video reports what rendered)
+            width, height = nearest_canvas(width, height)
+        except GeometryError as exc:
+            raise ApiError(400, "unsupported_size", f"size: {exc}") from None
     if ints.get("fps", FPS) != FPS:
         raise _bad("fps", f"FastH3 V2 renders at {FPS} fps only, found {ints['fps']}", "unsupported_parameter")
 
@@ -129,7 +134,7 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
             seconds = ints["num_frames"] / FPS
         else:
             try:
-                resolved = RequestGeometry(width, height, seconds).num_frames
+                resolved = RequestGeometry(256, 128, seconds).num_frames  # the frame count ignores the canvas
             except GeometryError:
                 resolved = None  # the duration error below names the real problem
             if resolved is not None and ints["num_frames"] not in (resolved, round(seconds * FPS)):
@@ -157,7 +162,10 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
         raise _bad("generate_sound", "every h3batch clip has stereo sound (T2VA); false is not supported",
                    "unsupported_parameter")
     _check_extra_params(fields.get("extra_params"))
-    return {"prompt": fields["prompt"], "seconds": seconds, "width": width, "height": height,
+    size = {name: value for name, value in (("width", width), ("height", height)) if value is not None}
+    if fields.get("aspect_ratio") not in (None, ""):
+        size["aspect_ratio"] = fields["aspect_ratio"]
+    return {"prompt": fields["prompt"], "seconds": seconds, **size,
             "seed": ints.get("seed"), "release": fields.get("release") or None,
             "webhook_url": fields.get("webhook_url") or None}
 
@@ -199,10 +207,11 @@ _OWN_MESSAGES = ("unsupported_size", "unsupported_duration", "empty_prompt", "pr
 """Validation errors whose message already names the field."""
 
 
-def validated(fields: dict[str, Any], max_prompt_chars: int) -> CreateJob:
-    """parse_create's fields as CreateJob. 400 unsupported_size / unsupported_duration / invalid_request."""
+def validated(fields: dict[str, Any], max_prompt_chars: int, canvas: str | None = None) -> CreateJob:
+    """parse_create's fields as CreateJob (`canvas`: a CANVAS_PROFILES name for the default size). 400
+    unsupported_size / unsupported_duration / invalid_request."""
     try:
-        return CreateJob.model_validate(fields, context={"max_prompt_chars": max_prompt_chars})
+        return CreateJob.model_validate(fields, context={"max_prompt_chars": max_prompt_chars, "canvas": canvas})
     except ValidationError as exc:
         kind, where, message = first_error(exc)
         code = kind if kind in ("unsupported_size", "unsupported_duration") else "invalid_request"

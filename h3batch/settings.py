@@ -161,6 +161,9 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "longest one SSE stream stays open (the client reconnects with Last-Event-ID)"),
     ("H3BATCH_SSE_KEEPALIVE_S", "sse_keepalive_s", "15", _positive_float, "api",
      "seconds between SSE keep-alive comments"),
+    ("H3BATCH_CANVAS", "canvas", "tiny", _choice("tiny", "v2"), "api",
+     "canvas of the release the workers serve, for requests that leave the size out or give `aspect_ratio`: "
+     "`tiny` (256x128, buckets at 256x128 pixels) or `v2` (1344x768, FastH3 V2's §7 buckets)"),
     ("H3BATCH_OPENAI_MODEL", "openai_model", "FastVideo/FastVideo-FastH3-8-Step-V2", _text, "api",
      "the `model` name /v1/videos reports and accepts"),
     # worker
@@ -244,6 +247,7 @@ class Settings:
     sse_max_streams: int = 4
     sse_max_s: float = 300.0
     sse_keepalive_s: float = 15.0
+    canvas: str = "tiny"
     openai_model: str = "FastVideo/FastVideo-FastH3-8-Step-V2"
     hf_cache: Path | None = None
     require_pinned_base: bool = False

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from h3batch.core.geometry import RequestGeometry
+from h3batch.core.geometry import RequestGeometry, check_canvas_area
 from h3batch.worker.h3 import base_vae_fetch, contract, decode, mp4, packing, release_ref, vae_checkpoint_convert
 from h3batch.worker.h3.loader import load_transformer
 from h3batch.worker.h3.sampler import SigmaLadder, initial_noise
@@ -91,6 +91,7 @@ def validate_request(req: RenderRequest) -> None:
     if not isinstance(req.prompt, str) or not req.prompt.strip():
         raise ValueError("prompt: expected a non-empty string")
     RequestGeometry(req.width, req.height, req.seconds)
+    check_canvas_area(req.width, req.height)  # the request contract's area cap, as the API refuses it
     if isinstance(req.seed, bool) or not isinstance(req.seed, int) or not 0 <= req.seed < 2**63:
         raise ValueError(f"seed: expected an integer in [0, 2**63), got {req.seed!r}")
 
@@ -145,6 +146,7 @@ class Pipeline:
         self.device = device
         self.ladder = SigmaLadder.v2()
         self.sparsity = float(info.entry.contract.vsa_sparsity)
+        self.canvas = info.canvas  # default size and bucket budget of this release (callers resolve sizes with it)
 
     @classmethod
     def load(cls, release: str | Path, *, device: str | torch.device | None = None,

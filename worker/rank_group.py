@@ -112,6 +112,7 @@ class RankGroupPipeline:
         self.release_id = ready["release_id"]
         self.contract_hash = ready["contract_hash"]
         self.provenance = ready.get("provenance", {})
+        self.canvas = ready.get("canvas")
         self._processes = processes
         self._commands = commands
         self._events = events
@@ -427,7 +428,7 @@ def _rank_main(rank: int, spec: RankSpec, commands, events, cancel) -> None:
             events.put((0, rank, "failed", traceback.format_exc()))
             return
         events.put((0, rank, "ready", {"release_id": pipe.release_id, "contract_hash": pipe.contract_hash,
-                                       "provenance": pipe.provenance}))
+                                       "provenance": pipe.provenance, "canvas": pipe.canvas}))
         _serve(rank, pipe, commands, events, cancel, device, parent)
     finally:
         dist.destroy_process_group()

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from h3batch.cli_args import OneLineArgumentParser
+from h3batch.core.geometry import ASPECT_RATIOS
 from h3batch.settings import Settings, env_value
 
 DEFAULT_RELEASE = str(env_value("H3BATCH_RELEASE") or Settings().release_dir)
@@ -26,8 +27,11 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: %(default)s)")
     p.add_argument("--prompt", required=True, help="text prompt, used verbatim")
     p.add_argument("--seconds", type=float, default=4.0, help="duration, 4-15 s (default: %(default)s)")
-    p.add_argument("--width", type=int, default=256, help="multiple of 32 (default: %(default)s)")
-    p.add_argument("--height", type=int, default=128, help="multiple of 32 (default: %(default)s)")
+    p.add_argument("--width", type=int, default=None,
+                   help="multiple of 32 (default: the release's canvas: 1344x768 for V2, 256x128 for the tiny one)")
+    p.add_argument("--height", type=int, default=None, help="multiple of 32 (default: the release's canvas)")
+    p.add_argument("--aspect-ratio", default=None, choices=sorted(ASPECT_RATIOS),
+                   help="instead of a size: the release's trained bucket for this aspect")
     p.add_argument("--seed", type=int, default=0, help="RNG key for the noise (default: %(default)s)")
     p.add_argument("--out", required=True, help="output .mp4 path")
     p.add_argument("--hf-cache", default=None,
@@ -77,9 +81,15 @@ def main(argv: list[str]) -> int:
         return _fail(f"--out: directory {str(out.parent)!r} does not exist")
 
     # Heavy imports after argument checks so bad input answers at once.
-    from h3batch.core.geometry import GeometryError, RequestGeometry
-    try:
-        RequestGeometry(args.width, args.height, args.seconds)
+    from h3batch.core.geometry import V2_CANVAS, GeometryError, RequestGeometry, check_canvas_area
+    try:  # a full size (or an aspect ratio) is checked before loading; a half one once the release's canvas is known
+        if args.aspect_ratio is not None or None not in (args.width, args.height):
+            width, height = V2_CANVAS.resolve(args.width, args.height, args.aspect_ratio)
+            RequestGeometry(width, height, args.seconds)
+            check_canvas_area(width, height)
+        else:  # the side given (if any) and the duration window
+            side = args.width if args.width is not None else args.height
+            RequestGeometry(256 if side is None else side, 256 if side is None else side, args.seconds)
     except GeometryError as err:
         return _fail(str(err))
 
@@ -105,6 +115,14 @@ def main(argv: list[str]) -> int:
         return 1
     load_s = time.perf_counter() - started
 
+    try:
+        width, height = pipe.canvas.resolve(args.width, args.height, args.aspect_ratio)
+        req = RenderRequest(args.prompt, args.seconds, width, height, args.seed)
+        pipe.validate(req)
+    except ValueError as err:  # GeometryError too
+        pipe.close()
+        return _fail(str(err).splitlines()[0])
+
     bar = None if args.no_progress else tqdm(total=8, desc="denoise", unit="step", file=sys.stderr)
 
     def on_progress(stage: str, step: int, total: int) -> None:
@@ -116,7 +134,6 @@ def main(argv: list[str]) -> int:
         else:
             bar.refresh()
 
-    req = RenderRequest(args.prompt, args.seconds, args.width, args.height, args.seed)
     try:
         result = pipe.render(req, out, on_progress=on_progress)
     except ValueError as err:

@@ -260,3 +260,24 @@ def test_cli_bad_arguments_one_line(capsys, tmp_path):
     assert exit_.value.code == 2 and len(capsys.readouterr().err.splitlines()) == 1
     code, _, lines = _cli(tmp_path / "nope", capsys)
     assert code == 2 and len(lines) == 1 and "nope" in lines[0]
+
+
+def test_release_canvas_is_recorded_by_build_tiny_and_v2_by_default(tiny, release_copy):
+    """build-tiny records the tiny canvas (256x128); a release without the file (the published V2) gets 1344x768."""
+    from h3batch.core.geometry import TINY_CANVAS, V2_CANVAS
+
+    assert validate_release(tiny.release_dir).canvas == TINY_CANVAS
+    assert json.loads((tiny.release_dir / contract.CANVAS_FILE).read_text())["default_width"] == 256
+    (release_copy / contract.CANVAS_FILE).unlink()
+    assert validate_release(release_copy).canvas == V2_CANVAS and V2_CANVAS.default == (1344, 768)
+
+
+@pytest.mark.parametrize("content, words", [
+    ({"default_width": 250, "default_height": 128, "short_edge": 128, "max_pixels": 32768}, "width"),
+    ({"default_width": 256}, "expected an object with keys"),
+])
+def test_malformed_canvas_file_is_a_violation(release_copy, content, words):
+    """A canvas record that is incomplete or unrenderable is refused naming the file and the problem."""
+    (release_copy / contract.CANVAS_FILE).write_text(json.dumps(content))
+    violations = find_violations(release_copy)
+    assert len(violations) == 1 and contract.CANVAS_FILE in violations[0] and words in violations[0]

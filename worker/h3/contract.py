@@ -13,6 +13,10 @@ A release directory is accepted only if
    no unindexed shard beside them), the text encoder and tokenizer (not checked with ``conditioner=False``, for a
    DiT-only rank that fetched no conditioner); the index holds one compression gate per DiT block.
 
+An optional ``h3batch_canvas.json`` (written by ``h3batch build-tiny``) records the release's canvas: the size a
+request without one renders and the pixel budget of its aspect buckets (``core.geometry.CanvasProfile``); a release
+without it (the published V2) has the V2 33B canvas, 1344x768 (``ReleaseInfo.canvas``).
+
 ``find_violations`` lists every problem, one line each (``h3batch check-release`` prints them and exits 2);
 ``validate_release`` raises ``ContractError`` with the first one and returns a ``ReleaseInfo`` for the worker.
 Only JSON files and the transformer index are read here; no tensor is loaded.
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from h3batch.cli_args import OneLineArgumentParser
+from h3batch.core.geometry import V2_CANVAS, CanvasProfile, GeometryError
 from h3batch.settings import env_value
 
 CONTRACT_FILE = "fastvideo_inference.json"
@@ -39,6 +44,7 @@ TRANSFORMER_CLASS_NAME = "MiniMaxH3Transformer3DModel"
 TRANSFORMER_INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
 TEXT_ENCODER_DIR = "text_encoder"
 TOKENIZER_DIR = "tokenizer"
+CANVAS_FILE = "h3batch_canvas.json"
 
 BASE_REPO_ID = "MiniMaxAI/MiniMax-H3"
 PROVENANCE_PREFIX = f"hf://{BASE_REPO_ID}@"
@@ -186,6 +192,8 @@ class ReleaseInfo:
     shard_files: tuple[str, ...]
     tensor_count: int
     startup_log_line: str
+    canvas: CanvasProfile = V2_CANVAS
+    """Default canvas and bucket budget (``CANVAS_FILE`` when the release has one, else V2's 1344x768)."""
 
     @property
     def model_id(self) -> str:
@@ -343,6 +351,22 @@ def _check_conditioner(root: Path) -> list[str]:
     return violations
 
 
+def read_canvas(root: Path) -> tuple[CanvasProfile, str | None]:
+    """(canvas, None) from ``CANVAS_FILE`` (V2's canvas when absent), else (V2's canvas, violation)."""
+    if not (root / CANVAS_FILE).exists():
+        return V2_CANVAS, None
+    data, err = _read_json(root / CANVAS_FILE)
+    if err:
+        return V2_CANVAS, err
+    keys = set(V2_CANVAS.as_json())
+    if not isinstance(data, dict) or set(data) != keys:
+        return V2_CANVAS, f"{CANVAS_FILE}: expected an object with keys {sorted(keys)}, found {data!r}"
+    try:
+        return CanvasProfile(**data), None
+    except GeometryError as exc:
+        return V2_CANVAS, f"{CANVAS_FILE}: {exc}"
+
+
 @dataclass(frozen=True)
 class _Findings:
     violations: list[str]
@@ -350,6 +374,7 @@ class _Findings:
     revision: str | None
     shards: tuple[str, ...]
     tensor_count: int
+    canvas: CanvasProfile = V2_CANVAS
 
 
 def _inspect(path: str | Path, *, require_pinned_base: bool = False, conditioner: bool = True) -> _Findings:
@@ -382,7 +407,10 @@ def _inspect(path: str | Path, *, require_pinned_base: bool = False, conditioner
     violations += found
     if conditioner:
         violations += _check_conditioner(root)
-    return _Findings(violations, entry, revision, shards, tensor_count)
+    canvas, problem = read_canvas(root)
+    if problem:
+        violations.append(problem)
+    return _Findings(violations, entry, revision, shards, tensor_count, canvas)
 
 
 def find_violations(path: str | Path, *, require_pinned_base: bool = False) -> list[str]:
@@ -408,6 +436,7 @@ def validate_release(path: str | Path, *, require_pinned_base: bool = False, con
         shard_files=found.shards,
         tensor_count=found.tensor_count,
         startup_log_line=startup_log_line(contract),
+        canvas=found.canvas,
     )
 
 

@@ -1,7 +1,8 @@
 """``h3batch build-tiny``: a deterministic random-weight release in the exact FastH3 V2 layout, plus its base repo.
 
 Writes into ``--out`` (spec §6.1): ``fastvideo_inference.json`` (the tiny registry entry's contract),
-``provenance.json`` (pinned to the tiny base repo's commit), ``modular_model_index.json``, ``transformer/`` (Diffusers
+``provenance.json`` (pinned to the tiny base repo's commit), ``modular_model_index.json``, ``h3batch_canvas.json``
+(the tiny canvas: 256x128 by default, buckets at 256·128 pixels), ``transformer/`` (Diffusers
 config of DiT config T2 + >= 2 safetensors shards + index, with one bf16 ``to_gate_compress`` per DiT block, fp32 for
 the 12 boundary tensors), ``text_encoder/`` (tiny Qwen3-VL) and ``tokenizer/`` (a byte-level BPE trained offline on a
 built-in text, saved as ``Qwen2Tokenizer``), ``scheduler/`` + ``audio_scheduler/`` (shift 10 / 3; ignored by
@@ -38,6 +39,7 @@ import torch
 from safetensors.torch import save as safetensors_bytes
 
 from h3batch.cli_args import OneLineArgumentParser
+from h3batch.core.geometry import TINY_CANVAS
 from h3batch.worker.h3 import contract
 from h3batch.worker.h3.config import DIFFUSERS_TO_NATIVE_FIELD, T2, H3Config
 from h3batch.worker.h3.tiny_configs import TINY_AUDIO_VAE, TINY_TEXT_ENCODER, TINY_TEXT_HIDDEN_LAYER, TINY_VIDEO_VAE
@@ -421,6 +423,7 @@ def build_tiny_release(out: str | Path, hf_cache: str | Path | None = None, seed
     _write(release / contract.CONTRACT_FILE, _json_bytes(TINY_ENTRY.contract.as_json()))
     _write(release / contract.PROVENANCE_FILE, _json_bytes({"base_model": f"{contract.PROVENANCE_PREFIX}{commit}"}))
     _write(release / contract.MODULAR_INDEX_FILE, _json_bytes(_modular_index(TINY_ENTRY.model_id)))
+    _write(release / contract.CANVAS_FILE, _json_bytes(TINY_CANVAS.as_json()))  # 256x128: fast on a CPU
     _write_transformer(release, seed)
     _write_text_encoder(release, seed)
     _write_schedulers(release)
