@@ -94,13 +94,17 @@ class CreateJob(BaseModel):
             return data
         profile = CANVAS_PROFILES.get((info.context or {}).get("canvas") or "", TINY_CANVAS)
         aspect = data.get("aspect_ratio")
-        if aspect is not None and aspect not in ASPECT_RATIOS:
+        if aspect is not None and (not isinstance(aspect, str) or aspect not in ASPECT_RATIOS):
             return data  # the field's own Literal check words the error
+        given = {name: data[name] for name in ("width", "height") if name in data}  # a null stays null (refused)
         try:
-            width, height = profile.resolve(data.get("width"), data.get("height"), aspect)
+            if aspect is not None and given:
+                raise GeometryError("aspect_ratio", "either aspect_ratio or width/height, not both",
+                                    f"aspect_ratio={aspect!r} with {given}")
+            width, height = profile.resolve(None, None, aspect)
         except GeometryError as exc:
             raise PydanticCustomError("unsupported_size", "{detail}", {"detail": str(exc)}) from None
-        return {**data, "width": width, "height": height}
+        return {"width": width, "height": height, **data}
 
     @model_validator(mode="after")
     def _geometry_supported(self) -> "CreateJob":

@@ -68,6 +68,13 @@ def test_contradictions_and_the_area_cap_are_refused(body, words):
     assert first["type"] == "unsupported_size" and words in first["msg"]
 
 
+@pytest.mark.parametrize("body", [{"width": None}, {"aspect_ratio": ["16:9"]}, {"aspect_ratio": "2:1"}])
+def test_null_sizes_and_unknown_ratios_are_refused_not_defaulted(body):
+    """An explicit null size or a malformed aspect_ratio is a validation error, never silently the default."""
+    with pytest.raises(ValidationError):
+        _size("v2", **body)
+
+
 def test_native_jobs_take_aspect_ratio_and_the_served_canvas(client_for):
     """POST /jobs on a V2-serving API: no size gives 1344x768, aspect_ratio 9:16 gives 768x1344, a bad one is 400."""
     post = client_for("v2")
