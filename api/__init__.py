@@ -41,6 +41,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         SSE_MAX_S=settings.sse_max_s,
         SSE_KEEPALIVE_S=settings.sse_keepalive_s,
         OPENAI_MODEL=settings.openai_model,
+        CANVAS=settings.canvas,  # a name of core.geometry.CANVAS_PROFILES
         SWEEP_RESULTS_DIR=str(settings.sweep_results_dir),
         SWEEP_QUEUE=settings.sweep_queue,
         RATE_LIMITS=RateLimits(settings.rate_creates_per_min, settings.rate_reads_per_min),

@@ -46,7 +46,8 @@ _OWN_MESSAGES = ("unsupported_size", "unsupported_duration", "empty_prompt", "pr
 def _validated(body: dict) -> CreateJob:
     """The create body as CreateJob. 400 naming the first bad field (unsupported_parameter for unknown ones)."""
     try:
-        return CreateJob.model_validate(body, context={"max_prompt_chars": current_app.config["MAX_PROMPT_CHARS"]})
+        return CreateJob.model_validate(body, context={"max_prompt_chars": current_app.config["MAX_PROMPT_CHARS"],
+                                                       "canvas": current_app.config.get("CANVAS")})
     except ValidationError as exc:
         kind, where, message = first_error(exc)
         if kind == "extra_forbidden":

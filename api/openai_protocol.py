@@ -25,7 +25,7 @@ from h3batch.api.errors import ApiError
 from h3batch.api.job_service import Vocabulary
 from h3batch.api.schemas import CreateJob, first_error, shown
 from h3batch.core import defaults, request_rules
-from h3batch.core.geometry import FPS, GeometryError, RequestGeometry
+from h3batch.core.geometry import FPS, GeometryError, RequestGeometry, nearest_canvas
 from h3batch.core.jobs import FINISHED, JobStatus
 
 DEFAULT_MODEL_ID = "FastVideo/FastVideo-FastH3-8-Step-V2"
@@ -51,7 +51,7 @@ _FLOAT_FIELDS = ("guidance_scale", "flow_shift", "audio_flow_shift")
 _INT_FIELDS = ("seed", "width", "height", "num_frames", "fps")
 _ACCEPTED = ("prompt", "model", "seconds", "size", "user", "width", "height", "num_frames", "fps", "seed",
              "num_inference_steps", "guidance_scale", "flow_shift", "audio_flow_shift", "generate_sound",
-             "extra_params", "webhook_url", "release", *_NO_CFG_FIELDS)
+             "extra_params", "webhook_url", "release", "aspect_ratio", *_NO_CFG_FIELDS)
 
 
 def _bad(field: str, message: str, code: str = "invalid_request") -> ApiError:
@@ -127,7 +127,7 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
     if "prompt" not in fields:
         raise _bad("prompt", "required (the text to render)")
 
-    width, height = defaults.DEFAULT_WIDTH, defaults.DEFAULT_HEIGHT
+    width, height = None, None  # absent: CreateJob gives the served release's default canvas
     if fields.get("size") not in (None, ""):
         width, height = _as_size(fields["size"])
     ints = {name: _as_int(name, fields[name]) for name in _INT_FIELDS if fields.get(name) not in (None, "")}
@@ -135,6 +135,11 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
         if name in ints and fields.get("size") not in (None, "") and ints[name] != from_size:
             raise ApiError(400, "unsupported_size", f"{name}: {ints[name]} contradicts size {fields['size']!r}")
     width, height = ints.get("width", width), ints.get("height", height)
+    if "width" not in ints and "height" not in ints and width is not None and (width % 32 or height % 32):
+        try:  # an OpenAI size such as 1280x720: the nearest canvas of that aspect (the video reports what rendered)
+            width, height = nearest_canvas(width, height)
+        except GeometryError as exc:
+            raise ApiError(400, "unsupported_size", f"size: {exc}") from None
     if ints.get("fps", FPS) != FPS:
         raise _bad("fps", f"FastH3 V2 renders at {FPS} fps only, found {ints['fps']}", "unsupported_parameter")
 
@@ -144,9 +149,9 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
             seconds = ints["num_frames"] / FPS
         else:
             try:
-                resolved = RequestGeometry(width, height, seconds).num_frames
+                resolved = RequestGeometry(256, 128, seconds).num_frames  # the frame count ignores the canvas
             except (GeometryError, OverflowError):
-                resolved = None  # the size or duration error of CreateJob names the real problem
+                resolved = None  # the duration error of CreateJob names the real problem
             if resolved is not None and ints["num_frames"] not in (resolved, round(seconds * FPS)):
                 raise ApiError(400, "unsupported_duration", f"num_frames: {ints['num_frames']} contradicts seconds "
                                                             f"{fields['seconds']!r} ({resolved} frames)")
@@ -177,13 +182,22 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
         raise _bad("generate_sound", "every h3batch clip has stereo sound (T2VA); false is not supported",
                    "unsupported_parameter")
     _check_extra_params(fields.get("extra_params"))
-    return {"prompt": fields["prompt"], "seconds": seconds, "width": width, "height": height,
+    size = {name: value for name, value in (("width", width), ("height", height)) if value is not None}
+    if fields.get("aspect_ratio") not in (None, ""):
+        size["aspect_ratio"] = fields["aspect_ratio"]
+    return {"prompt": fields["prompt"], "seconds": seconds, **size,
             "seed": ints.get("seed"), "release": fields.get("release") or None,
             "webhook_url": fields.get("webhook_url") or None}
 
 
+EXTRA_SAMPLER_FIELDS = ("num_inference_steps", "flow_shift", "audio_flow_shift", "guidance_scale")
+"""Sampler knobs a vllm-omni client may repeat inside `extra_params`: the release's own fixed values (8, 10, 3, 1) are
+accepted as no-ops, any other value is refused naming `extra_params.<field>` (the top-level rules, same wording)."""
+
+
 def _check_extra_params(raw: Any) -> None:
-    """vLLM-Omni's `extra_params` (a JSON object, ≤ 16 KiB): only `task: "t2va"` means anything here."""
+    """vLLM-Omni's `extra_params` (a JSON object, ≤ 16 KiB): `task: "t2va"` and the release's fixed sampler values
+    (`EXTRA_SAMPLER_FIELDS`) are accepted and change nothing; anything else is refused naming the field."""
     if raw in (None, ""):
         return
     text = raw if isinstance(raw, str) else json.dumps(raw)
@@ -199,17 +213,25 @@ def _check_extra_params(raw: Any) -> None:
     for name, value in params.items():
         if name == "task" and value in ("t2va", "t2v"):
             continue
-        raise _bad(f"extra_params.{name}", "not supported (only task=\"t2va\")", "unsupported_parameter")
+        if name in EXTRA_SAMPLER_FIELDS and value is not None:
+            try:
+                request_rules.check_sampler_fields({name: value})
+            except request_rules.RequestRuleError as exc:
+                raise _bad(f"extra_params.{name}", str(exc), "unsupported_parameter") from None
+            continue
+        raise _bad(f"extra_params.{name}", "not supported (only task=\"t2va\" and the release's fixed "
+                                           f"{', '.join(EXTRA_SAMPLER_FIELDS)})", "unsupported_parameter")
 
 
 _OWN_MESSAGES = ("unsupported_size", "unsupported_duration", "empty_prompt", "prompt_too_long", "bool_refused")
 """Validation errors whose message already names the field."""
 
 
-def validated(fields: dict[str, Any], max_prompt_chars: int) -> CreateJob:
-    """parse_create's fields as CreateJob. 400 unsupported_size / unsupported_duration / invalid_request."""
+def validated(fields: dict[str, Any], max_prompt_chars: int, canvas: str | None = None) -> CreateJob:
+    """parse_create's fields as CreateJob (`canvas`: a CANVAS_PROFILES name for the default size). 400
+    unsupported_size / unsupported_duration / invalid_request."""
     try:
-        return CreateJob.model_validate(fields, context={"max_prompt_chars": max_prompt_chars})
+        return CreateJob.model_validate(fields, context={"max_prompt_chars": max_prompt_chars, "canvas": canvas})
     except ValidationError as exc:
         kind, where, message = first_error(exc)
         code = kind if kind in ("unsupported_size", "unsupported_duration") else "invalid_request"

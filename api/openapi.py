@@ -14,7 +14,7 @@ from pydantic.json_schema import models_json_schema
 from h3batch.api import media, schemas
 from h3batch.api.openai_protocol import DEFAULT_MODEL_ID, VideoObject
 from h3batch.core import defaults
-from h3batch.core.geometry import FPS
+from h3batch.core.geometry import ASPECT_RATIOS, FPS
 
 bp = Blueprint("openapi", __name__)
 
@@ -133,7 +133,9 @@ def _openai_paths() -> dict[str, Any]:
         "flow_shift": {"type": ["number", "null"]}, "width": {"type": ["integer", "null"]},
         "height": {"type": ["integer", "null"]}, "num_frames": {"type": ["integer", "null"]},
         "fps": {"type": "integer", "enum": [FPS]}, "user": {"type": ["string", "null"]},
-        "webhook_url": {"type": "string", "format": "uri"}, "release": {"type": "string"}}}
+        "webhook_url": {"type": "string", "format": "uri"}, "release": {"type": "string"},
+        "aspect_ratio": {"type": "string", "enum": list(ASPECT_RATIOS), "description": "instead of size: the "
+                         "release's trained bucket"}}}
     common = {"401": error("Missing or bad API key"), "429": error("Over the key's rate limit"),
               "503": error("Redis or queue full")}
     return {

@@ -10,14 +10,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_core import PydanticCustomError
 
 from h3batch.core import defaults
-from h3batch.core.geometry import GeometryError, RequestGeometry
+from h3batch.core.geometry import (
+    ASPECT_RATIOS,
+    CANVAS_PROFILES,
+    MAX_CANVAS_PIXELS,
+    TINY_CANVAS,
+    GeometryError,
+    RequestGeometry,
+    check_canvas_area,
+)
 
 StatusName = Literal["queued", "in_progress", "completed", "failed", "cancelled", "expired"]
 StageName = Literal["queued", "text_encode", "denoise", "decode", "mux", "finalize"]
 
 
-MAX_CANVAS_PIXELS = 1344 * 768
-"""Largest canvas area accepted: the model's bucket area (spec h3-model.md: larger requests are scaled down to it)."""
 MAX_EDGE = MAX_CANVAS_PIXELS // 32
 """Longest edge that can pass the area cap (the other edge at its 32-pixel minimum); anything longer is refused before
 the geometry rules run, whose float arithmetic overflows on a 400-digit width."""
@@ -29,6 +35,10 @@ def shown(value: object, limit: int = 40) -> str:
     """repr(value) cut to `limit` characters, so a 5000-digit number does not fill the error message."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+AspectRatio = Literal["16:9", "9:16", "1:1", "4:3", "3:4"]
+"""core.geometry.ASPECT_RATIOS as a schema type (tests check the two agree)."""
 
 
 class CreateJob(BaseModel):
@@ -48,6 +58,8 @@ class CreateJob(BaseModel):
     height: int = Field(defaults.DEFAULT_HEIGHT, description="Canvas height in pixels, a multiple of 32; "
                                                              "aspect width/height 1:4 to 4:1.",
                         json_schema_extra={"minimum": 32, "multipleOf": 32})
+    aspect_ratio: AspectRatio | None = Field(None, description="Instead of width/height: the release's trained "
+                                             "bucket for this aspect (16:9 -> 1344x768 on FastH3 V2).")
     seed: int | None = Field(None, ge=0, lt=2**63, description="Sampler noise seed; random 63-bit when omitted "
                                                                 "(the chosen value is recorded on the job).")
     release: str | None = Field(None, min_length=1, max_length=200,
@@ -97,6 +109,27 @@ class CreateJob(BaseModel):
                                       {"limit": limit, "n": len(value)})
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _canvas_from_release(cls, data: Any, info: ValidationInfo) -> Any:
+        """A size left out (wholly or one side) or given as aspect_ratio comes from the served release's canvas
+        (context `canvas`: a CANVAS_PROFILES name, H3BATCH_CANVAS)."""
+        if not isinstance(data, dict):
+            return data
+        profile = CANVAS_PROFILES.get((info.context or {}).get("canvas") or "", TINY_CANVAS)
+        aspect = data.get("aspect_ratio")
+        if aspect is not None and (not isinstance(aspect, str) or aspect not in ASPECT_RATIOS):
+            return data  # the field's own Literal check words the error
+        given = {name: data[name] for name in ("width", "height") if name in data}  # a null stays null (refused)
+        try:
+            if aspect is not None and given:
+                raise GeometryError("aspect_ratio", "either aspect_ratio or width/height, not both",
+                                    f"aspect_ratio={aspect!r} with {given}")
+            width, height = profile.resolve(None, None, aspect)
+        except GeometryError as exc:
+            raise PydanticCustomError("unsupported_size", "{detail}", {"detail": str(exc)}) from None
+        return {"width": width, "height": height, **data}
+
     @model_validator(mode="after")
     def _geometry_supported(self) -> "CreateJob":
         for name in ("width", "height"):
@@ -110,14 +143,10 @@ class CreateJob(BaseModel):
                                       "{found}", {"found": shown(self.seconds)})
         try:
             RequestGeometry(self.width, self.height, self.seconds)
+            check_canvas_area(self.width, self.height)  # a giant canvas would only OOM-kill worker after worker
         except GeometryError as exc:
             kind = "unsupported_duration" if exc.field == "seconds" else "unsupported_size"
             raise PydanticCustomError(kind, "{detail}", {"detail": str(exc)}) from None
-        if self.width * self.height > MAX_CANVAS_PIXELS:  # a giant canvas would only OOM-kill worker after worker
-            raise PydanticCustomError("unsupported_size", "width x height: expected at most {limit} pixels (the "
-                                      "model's 1344x768 area), found {w}x{h} = {n}",
-                                      {"limit": MAX_CANVAS_PIXELS, "w": self.width, "h": self.height,
-                                       "n": self.width * self.height})
         return self
 
 

@@ -199,25 +199,111 @@ class RequestGeometry:
         return text_rows + self.audio_rows + self.video_rows
 
 
-def bucket_canvas(aspect: float) -> tuple[int, int]:
+def bucket_canvas(aspect: float, *, short_edge: int = CANVAS_SHORT_EDGE,
+                  max_pixels: int = CANVAS_MAX_PIXELS) -> tuple[int, int]:
     """Default canvas (width, height) for an aspect ratio width/height (§7 bucket rule).
 
     Short edge 768; the area is capped at 768·1344 keeping the ratio; each side is then rounded to the nearest
     multiple of 32 (half-to-even, minimum 32). 16/9 → (1344, 768), 1 → (768, 768), 21/9 → (1536, 672).
+    `short_edge` / `max_pixels` scale the same rule to another release's pixel budget (the tiny one's).
     """
     if isinstance(aspect, bool) or not isinstance(aspect, Real) or not math.isfinite(aspect) or aspect <= 0:
         raise GeometryError("aspect", "a positive finite width/height ratio", repr(aspect))
     ratio = float(aspect)
     _check_aspect(ratio, repr(ratio))
     if ratio >= 1.0:
-        width, height = CANVAS_SHORT_EDGE * ratio, float(CANVAS_SHORT_EDGE)
+        width, height = short_edge * ratio, float(short_edge)
     else:
-        width, height = float(CANVAS_SHORT_EDGE), CANVAS_SHORT_EDGE / ratio
+        width, height = float(short_edge), short_edge / ratio
     area = width * height
-    if area > CANVAS_MAX_PIXELS:
-        scale = math.sqrt(CANVAS_MAX_PIXELS / area)
+    if area > max_pixels:
+        scale = math.sqrt(max_pixels / area)
         width, height = width * scale, height * scale
     return (
         max(CANVAS_MULTIPLE, round(width / CANVAS_MULTIPLE) * CANVAS_MULTIPLE),
         max(CANVAS_MULTIPLE, round(height / CANVAS_MULTIPLE) * CANVAS_MULTIPLE),
     )
+
+
+# --- the request contract's canvas rules, shared by the API, `h3batch render` and the pipeline ---
+
+MAX_CANVAS_PIXELS = CANVAS_MAX_PIXELS
+"""Largest canvas area any request may ask for: the model's bucket area (1344x768). Larger would only OOM workers."""
+
+ASPECT_RATIOS: dict[str, float] = {"16:9": 16 / 9, "9:16": 9 / 16, "1:1": 1.0, "4:3": 4 / 3, "3:4": 3 / 4}
+"""The `aspect_ratio` values a request may give instead of a size; each picks the trained bucket at the release's
+pixel budget (`CanvasProfile.bucket`)."""
+
+
+def check_canvas_area(width: int, height: int, max_pixels: int = MAX_CANVAS_PIXELS) -> None:
+    """GeometryError on `width x height` when the canvas is larger than the model's bucket area."""
+    if width * height > max_pixels:
+        raise GeometryError("width x height", f"at most {max_pixels} pixels (the model's 1344x768 area)",
+                            f"{width}x{height} = {width * height}")
+
+
+@dataclass(frozen=True)
+class CanvasProfile:
+    """A release's canvas facts: the size a request without one renders, and the pixel budget of its buckets."""
+
+    default_width: int
+    default_height: int
+    short_edge: int
+    max_pixels: int
+
+    def __post_init__(self) -> None:
+        RequestGeometry(self.default_width, self.default_height, 4.0)  # a default must itself be renderable
+        check_canvas_area(self.default_width, self.default_height)
+        for name in ("short_edge", "max_pixels"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < CANVAS_MULTIPLE:
+                raise GeometryError(name, f"an integer of at least {CANVAS_MULTIPLE}", repr(value))
+
+    @property
+    def default(self) -> tuple[int, int]:
+        return self.default_width, self.default_height
+
+    def bucket(self, aspect_ratio: str) -> tuple[int, int]:
+        """The trained bucket (width, height) of one of `ASPECT_RATIOS` at this release's pixel budget."""
+        if aspect_ratio not in ASPECT_RATIOS:
+            raise GeometryError("aspect_ratio", f"one of {', '.join(ASPECT_RATIOS)}", repr(aspect_ratio))
+        return bucket_canvas(ASPECT_RATIOS[aspect_ratio], short_edge=self.short_edge, max_pixels=self.max_pixels)
+
+    def resolve(self, width: int | None, height: int | None, aspect_ratio: str | None = None) -> tuple[int, int]:
+        """The canvas a request renders: its own size, else its aspect ratio's bucket, else the default. A side left
+        out takes the default's; `aspect_ratio` together with a size is refused (GeometryError on aspect_ratio)."""
+        if aspect_ratio is not None:
+            if width is not None or height is not None:
+                raise GeometryError("aspect_ratio", "either aspect_ratio or width/height, not both",
+                                    f"aspect_ratio={aspect_ratio!r} with width={width!r}, height={height!r}")
+            return self.bucket(aspect_ratio)
+        return (self.default_width if width is None else width, self.default_height if height is None else height)
+
+    def as_json(self) -> dict[str, int]:
+        return {"default_width": self.default_width, "default_height": self.default_height,
+                "short_edge": self.short_edge, "max_pixels": self.max_pixels}
+
+
+V2_CANVAS = CanvasProfile(1344, 768, CANVAS_SHORT_EDGE, CANVAS_MAX_PIXELS)
+"""FastH3 V2 (the 33B shapes): 1344x768 by default, §7 buckets at 768·1344 pixels."""
+TINY_CANVAS = CanvasProfile(256, 128, 128, 256 * 128)
+"""The tiny CPU release (recorded by `h3batch build-tiny`): 256x128 by default, buckets at 256·128 pixels."""
+CANVAS_PROFILES = {"v2": V2_CANVAS, "tiny": TINY_CANVAS}
+"""By name, for H3BATCH_CANVAS (the API does not load the release, so it is told which one the workers serve)."""
+
+
+def nearest_canvas(width: int, height: int) -> tuple[int, int]:
+    """The canvas nearest a size that is not in multiples of 32 (an OpenAI `size` such as 1280x720), keeping its
+    aspect: each side rounded down or up to a multiple of 32 (min 32), the combination whose aspect ratio is closest
+    to the request's (ties: the smaller area). 1280x720 → 1280x736, 720x1280 → 736x1280."""
+    for name, value in (("width", width), ("height", height)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise GeometryError(name, "a positive integer number of pixels", repr(value))
+    target = math.log(width / height)
+
+    def sides(value: int) -> set[int]:
+        low = max(CANVAS_MULTIPLE, value // CANVAS_MULTIPLE * CANVAS_MULTIPLE)
+        return {low, low + CANVAS_MULTIPLE} if value % CANVAS_MULTIPLE else {value}
+
+    candidates = [(w, h) for w in sides(width) for h in sides(height)]
+    return min(candidates, key=lambda c: (round(abs(math.log(c[0] / c[1]) - target), 12), c[0] * c[1]))

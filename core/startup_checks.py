@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from h3batch.settings import ConfigError, Settings
+from h3batch.settings import ConfigError, Settings, is_hub_release
 
 
 def redacted_url(url: str) -> str:
@@ -51,8 +51,12 @@ def check_artifacts_dir(path: Path) -> None:
                           f"({exc.strerror or exc})") from None
 
 
-def check_release_dir(path: Path) -> None:
-    """Cheap presence check before the pipeline's own contract check (which names the failing field)."""
+def check_release_dir(release: str | Path) -> None:
+    """Cheap presence check before the pipeline's own contract check (which names the failing field). A Hub
+    reference passes: the worker fetches it (or names repo and revision when it cannot)."""
+    if is_hub_release(str(release)):
+        return
+    path = Path(release)
     if not path.is_dir():
         raise ConfigError(f"H3BATCH_RELEASE: expected a release directory, found {str(path)!r} (no such directory; "
                           f"build the tiny one with `h3batch build-tiny --out {path}`)")

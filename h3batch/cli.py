@@ -27,6 +27,11 @@ def _check_release(argv: list[str]) -> int:
     return contract.main(argv)
 
 
+def _fetch_release(argv: list[str]) -> int:
+    from h3batch.worker.h3 import release_ref
+    return release_ref.main(argv)
+
+
 def _render(argv: list[str]) -> int:
     from h3batch.worker import render_cli
     return render_cli.main(argv)
@@ -80,6 +85,8 @@ def _beat(argv: list[str]) -> int:
 COMMANDS: tuple[Command, ...] = (
     Command("build-tiny", "write the deterministic tiny release in the exact V2 layout", _build_tiny),
     Command("check-release", "validate a release directory against the checkpoint contract", _check_release),
+    Command("fetch-release", "fetch a Hub release (org/name@revision) into the HF cache, print its folder",
+            _fetch_release),
     Command("render", "render one prompt to an MP4 on this machine", _render),
     Command("api", "run the HTTP API", _api),
     Command("submit", "submit a prompt to a running API, show progress, download the MP4", _submit),

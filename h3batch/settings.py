@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import re
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -135,6 +136,16 @@ def _level(name: str, raw: str) -> str:
     return value
 
 
+HUB_RELEASE_RE = re.compile(
+    r"(?P<scheme>hf://)?(?P<repo>[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*)(?:@(?P<revision>[^\s@]+))?")
+"""The Hub forms of H3BATCH_RELEASE / `--release`: `org/name`, `org/name@revision`, `hf://org/name@revision`."""
+
+
+def is_hub_release(text: str) -> bool:
+    """True when `text` names a Hub repo: it has a Hub form and is not an existing directory (a directory wins)."""
+    return HUB_RELEASE_RE.fullmatch(text) is not None and not Path(text).is_dir()
+
+
 # name, Settings field, default shown in docs, parser, room, doc line. Order: the table in docs/service.md.
 _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = (
     # service (API and worker)
@@ -142,7 +153,9 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "Redis URL: Celery broker and job records (give h3batch its own DB)"),
     ("H3BATCH_ARTIFACTS_DIR", "artifacts_dir", "var/artifacts", _path, "service",
      "shared directory for MP4s (worker writes, API reads and deletes)"),
-    ("H3BATCH_RELEASE", "release_dir", "var/tiny-release", _path, "service", "release directory the worker serves"),
+    ("H3BATCH_RELEASE", "release_dir", "var/tiny-release", _text, "service",
+     "release the worker serves: a directory, or a Hub repo `org/name`, `org/name@revision`, "
+     "`hf://org/name@revision` (fetched into the Hugging Face cache; see docs/model.md)"),
     ("H3BATCH_MAX_RUN_S", "max_run_s", "600", _positive_int, "service",
      "longest render; visibility timeout is twice this"),
     ("H3BATCH_RESULT_TTL_S", "result_ttl_s", "86400", _positive_int, "service",
@@ -180,11 +193,17 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "longest one SSE stream stays open (the client reconnects with Last-Event-ID)"),
     ("H3BATCH_SSE_KEEPALIVE_S", "sse_keepalive_s", "15", _positive_float, "api",
      "seconds between SSE keep-alive comments"),
+    ("H3BATCH_CANVAS", "canvas", "tiny", _choice("tiny", "v2"), "api",
+     "canvas of the release the workers serve, for requests that leave the size out or give `aspect_ratio`: "
+     "`tiny` (256x128, buckets at 256x128 pixels) or `v2` (1344x768, FastH3 V2's §7 buckets)"),
     ("H3BATCH_OPENAI_MODEL", "openai_model", "FastVideo/FastVideo-FastH3-8-Step-V2", _text, "api",
      "the `model` name /v1/videos reports and accepts"),
     # worker
     ("H3BATCH_HF_CACHE", "hf_cache", "<release>/../hf-cache", _path, "worker",
-     "Hugging Face cache holding the base VAE (set `HF_HUB_OFFLINE=1` to forbid downloads)"),
+     "Hugging Face cache holding the base VAE and a Hub release (for a Hub release the default is `$HF_HUB_CACHE`; "
+     "set `HF_HUB_OFFLINE=1` to forbid downloads)"),
+    ("H3BATCH_REQUIRE_PINNED_BASE", "require_pinned_base", "0", _flag, "worker",
+     "refuse a release whose provenance names its base model by a branch or tag instead of a 40-hex commit"),
     ("H3BATCH_DEVICE", "device", "(auto: cuda if present, else cpu)", _text, "worker",
      "torch device for the pipeline"),
     ("H3BATCH_RANKS", "ranks", "1", _ranks, "worker",
@@ -252,7 +271,7 @@ class Settings:
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     artifacts_dir: Path = Path("var/artifacts")
-    release_dir: Path = Path("var/tiny-release")
+    release_dir: str = "var/tiny-release"  # a directory or a Hub reference (HUB_RELEASE_RE)
     max_run_s: int = 600
     result_ttl_s: int = 86_400
     max_queued: int = 1000
@@ -271,8 +290,10 @@ class Settings:
     sse_max_streams_per_key: int = 8
     sse_max_s: float = 300.0
     sse_keepalive_s: float = 15.0
+    canvas: str = "tiny"
     openai_model: str = "FastVideo/FastVideo-FastH3-8-Step-V2"
     hf_cache: Path | None = None
+    require_pinned_base: bool = False
     device: str | None = None
     ranks: str = "1"
     worker_name: str = ""
@@ -298,9 +319,12 @@ class Settings:
     git_rev: str = "unknown"
 
     @property
-    def hf_cache_dir(self) -> Path:
-        """The HF cache to hand Pipeline.load: H3BATCH_HF_CACHE, else `hf-cache` beside the release."""
-        return self.hf_cache if self.hf_cache is not None else self.release_dir.parent / "hf-cache"
+    def hf_cache_dir(self) -> Path | None:
+        """The HF cache to hand Pipeline.load: H3BATCH_HF_CACHE, else `hf-cache` beside a release directory, else
+        (a Hub release) None: huggingface_hub's own cache."""
+        if self.hf_cache is not None:
+            return self.hf_cache
+        return None if is_hub_release(self.release_dir) else Path(self.release_dir).parent / "hf-cache"
 
     @property
     def heartbeat_interval_s(self) -> float:

@@ -111,7 +111,8 @@ class Attempt:
         self.meta = job_metadata.for_job(record, release_id=pipeline.release_id,
                                          contract_hash=getattr(pipeline, "contract_hash", ""),
                                          device=str(getattr(pipeline, "device", "") or settings.device or "") or None,
-                                         ranks=int(getattr(pipeline, "ranks", 1)))
+                                         ranks=int(getattr(pipeline, "ranks", 1)),
+                                         provenance=getattr(pipeline, "provenance", None))
         request = RenderRequest(prompt=record["prompt"], seconds=record["seconds"], width=record["width"],
                                 height=record["height"], seed=record["seed"],
                                 metadata=job_metadata.mp4_tags(self.meta))

@@ -1,4 +1,5 @@
-"""Provenance of a render: resolved parameters, release and contract hash, device, library versions.
+"""Provenance of a render: resolved parameters, release and contract hash, the commits the release and its base
+model resolved to, device, library versions.
 
 The worker computes this once per job (`for_job`), stores it on the job record (`metadata`, shown by the API) and
 writes it into the MP4 as `h3batch_*` container tags (`mp4_tags`), so a downloaded clip says how it was made without
@@ -49,18 +50,22 @@ def resolved_parameters(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def for_job(record: dict[str, Any], *, release_id: str, contract_hash: str, device: str | None,
-            ranks: int = 1) -> dict[str, Any]:
-    """The `metadata` field of a job record."""
+            ranks: int = 1, provenance: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The `metadata` field of a job record. `provenance` is the pipeline's (`Pipeline.provenance`: release
+    reference and commit, base repo, revision and resolved commit), kept whole under `provenance`."""
     runtime = runtime_info(device)
     return {"job_id": record["id"], "seed": record["seed"], "parameters": resolved_parameters(record),
-            "release_id": release_id, "contract_hash": contract_hash, "gpu": runtime["gpu"],
-            "device": runtime["device"], "ranks": ranks, "versions": dict(runtime["versions"])}
+            "release_id": release_id, "contract_hash": contract_hash, "provenance": dict(provenance or {}),
+            "gpu": runtime["gpu"], "device": runtime["device"], "ranks": ranks, "versions": dict(runtime["versions"])}
 
 
 def mp4_tags(meta: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     """MP4 container tags (str → str) of a job's metadata, for `RenderRequest.metadata`."""
     versions = meta["versions"]
+    provenance = meta.get("provenance") or {}
+    commits = tuple((f"h3batch_{name}", provenance[name]) for name in ("base_commit", "release_commit")
+                    if provenance.get(name))
     return (("h3batch_job_id", meta["job_id"]),
             ("h3batch_parameters", json.dumps(meta["parameters"], separators=(",", ":"), sort_keys=True)),
             ("h3batch_gpu", meta["gpu"]),
-            ("h3batch_versions", ",".join(f"{k}={v}" for k, v in versions.items() if v)))
+            ("h3batch_versions", ",".join(f"{k}={v}" for k, v in versions.items() if v)), *commits)

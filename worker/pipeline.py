@@ -8,8 +8,11 @@ Data flow of `Pipeline.render` (spec h3-model.md §1.2):
     video latents ──VAE──▶ uint8 frames [N,H,W,3];  audio rows ──audio VAE──▶ waveform [2,800A]
     frames + waveform ──PyAV──▶ MP4 (H.264 24 fps + AAC stereo 32 kHz), written atomically
 
-`Pipeline.load` does every check a worker must pass before it takes a job: the release contract, the pinned base-VAE
-fetch and a strict weight load. The job service (worker/resident.py) keeps one instance per worker process.
+`Pipeline.load` does every check a worker must pass before it takes a job: the release reference (a directory or a Hub
+repo at a revision, worker/h3/release_ref.py), the release contract, the base-VAE fetch at the provenance revision and
+a strict weight load. What the weights are is kept in `Pipeline.provenance` (the commits the release and base
+revisions resolved to), logged at load, written into every MP4 and onto every job record (worker/job_metadata.py).
+The job service (worker/resident.py) keeps one instance per worker process.
 `render` is `denoise` (text encode + 8 steps) then `write` (decode + mux): a sequence-parallel rank group
 (worker/rank_group.py) runs `denoise` on every rank and `write` on rank 0 only.
 
@@ -31,8 +34,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from h3batch.core.geometry import RequestGeometry
-from h3batch.worker.h3 import base_vae_fetch, contract, decode, mp4, packing, vae_checkpoint_convert
+from h3batch.core.geometry import RequestGeometry, check_canvas_area
+from h3batch.worker.h3 import base_vae_fetch, contract, decode, mp4, packing, release_ref, vae_checkpoint_convert
 from h3batch.worker.h3.loader import load_transformer
 from h3batch.worker.h3.sampler import SigmaLadder, initial_noise
 from h3batch.worker.h3.vsa_plan import vsa_plan_for_layout
@@ -109,6 +112,7 @@ def validate_request(req: RenderRequest) -> None:
     if not isinstance(req.prompt, str) or not req.prompt.strip():
         raise ValueError("prompt: expected a non-empty string")
     RequestGeometry(req.width, req.height, req.seconds)
+    check_canvas_area(req.width, req.height)  # the request contract's area cap, as the API refuses it
     if isinstance(req.seed, bool) or not isinstance(req.seed, int) or not 0 <= req.seed < 2**63:
         raise ValueError(f"seed: expected an integer in [0, 2**63), got {req.seed!r}")
 
@@ -124,6 +128,24 @@ def _stop_check(should_cancel: Callable[[], bool] | None, timings: dict[str, flo
     return boundary
 
 
+def provenance_of(info: contract.ReleaseInfo, release: release_ref.ResolvedRelease,
+                  base: base_vae_fetch.BaseVaes | None) -> dict[str, str | None]:
+    """Where the weights came from, as job records keep it: the release reference and commit, the base repo, its
+    provenance revision and the commit that revision resolved to (None where not known: a release directory has no
+    commit; a DiT-only rank never fetches the base)."""
+    ref = release.ref
+    return {"release": str(ref), "release_repo": ref.repo_id, "release_revision": ref.revision if ref.is_hub else None,
+            "release_commit": release.commit, "base_repo": info.base_repo_id, "base_revision": info.base_revision,
+            "base_commit": base.commit if base is not None else None}
+
+
+def provenance_tags(provenance: dict[str, str | None]) -> dict[str, str]:
+    """MP4 tags of a provenance: `h3batch_base_commit`, and `h3batch_release_commit` for a release from the Hub."""
+    tags = {"h3batch_base_commit": provenance.get("base_commit"),
+            "h3batch_release_commit": provenance.get("release_commit")}
+    return {key: value for key, value in tags.items() if value}
+
+
 def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
@@ -131,9 +153,10 @@ def default_device() -> torch.device:
 class Pipeline:
     """The loaded release: DiT, text encoder and both VAEs, resident on one device."""
 
-    def __init__(self, info: contract.ReleaseInfo, dit, text_encoder: TextEncoder, video_vae, audio_vae, device, *,
-                 write_options: WriteOptions | None = None):
+    def __init__(self, info: contract.ReleaseInfo, dit, text_encoder: TextEncoder, video_vae, audio_vae, device,
+                 provenance: dict[str, str | None] | None = None, *, write_options: WriteOptions | None = None):
         self.info = info
+        self.provenance = dict(provenance or {})
         self.release_dir = Path(info.path)
         self.release_id = info.model_id
         self.contract_hash = info.contract_hash
@@ -144,30 +167,38 @@ class Pipeline:
         self.device = device
         self.ladder = SigmaLadder.v2()
         self.sparsity = float(info.entry.contract.vsa_sparsity)
+        self.canvas = info.canvas  # default size and bucket budget of this release (callers resolve sizes with it)
         self.write_options = write_options or WriteOptions()
 
     @classmethod
-    def load(cls, release_dir: str | Path, *, device: str | torch.device | None = None,
-             hf_cache: str | Path | None = None, warm_up: Sequence[RenderRequest] | None = None) -> Pipeline:
-        """Validate the release, fetch the pinned base VAEs and load every model; raises ValueError on any violation.
+    def load(cls, release: str | Path, *, device: str | torch.device | None = None,
+             hf_cache: str | Path | None = None, require_pinned_base: bool = False,
+             warm_up: Sequence[RenderRequest] | None = None) -> Pipeline:
+        """Resolve the release (a directory or a Hub reference), validate it, fetch the base VAEs at the provenance
+        revision and load every model; raises ValueError on any violation (the reference, contract and fetch errors
+        are one line naming what failed).
 
         On CUDA the video VAE is kept decoder-only in fp16 with compiled ViT blocks, and `warm_up` (default: one
-        request at the service's default geometry) runs before returning, so the caller reports ready only once
-        no first-job compile is left. On CPU the fp32 VAE is used as loaded and nothing is warmed up."""
+        request at the release's default canvas) runs before returning, so the caller reports ready only once no
+        first-job compile is left. On CPU the fp32 VAE is used as loaded and nothing is warmed up."""
         from h3batch.worker.h3.text_encoder import TextEncoder
 
         device = torch.device(device) if device is not None else default_device()
-        info = contract.validate_release(release_dir)  # ContractError names the field
+        resolved = release_ref.resolve_release(release, release_ref.ReleaseRole.TEXT, cache_dir=hf_cache)
+        info = contract.validate_release(resolved.path, require_pinned_base=require_pinned_base)
         log.info("release %s: %s", info.model_id, info.startup_log_line)
-        fl2va = base_vae_fetch.fetch_base_vaes(info, cache_dir=hf_cache)
+        base = base_vae_fetch.resolve_base_vaes(info, cache_dir=hf_cache, require_pinned=require_pinned_base)
+        provenance = provenance_of(info, resolved, base)
+        log.info("release %s commit %s; base %s@%s resolved to commit %s", provenance["release"],
+                 provenance["release_commit"] or "(local directory)", base.repo_id, base.revision, base.commit)
         root = Path(info.path)
         dit = load_transformer(root / "transformer", vsa_gates=True, device=device)
         text = TextEncoder.load(root / "text_encoder", root / "tokenizer", info.entry.text_hidden_layer, device)
-        video_vae = vae_checkpoint_convert.load_video_vae(fl2va).to(device).eval()
+        video_vae = vae_checkpoint_convert.load_video_vae(base.root).to(device).eval()
         cuda = device.type == "cuda"
         video_vae = decode.prepare_video_decoder(video_vae, torch.float16 if cuda else None, compile_blocks=cuda)
-        audio_vae = vae_checkpoint_convert.load_audio_vae(fl2va).to(device).eval()
-        pipe = cls(info, dit, text, video_vae, audio_vae, device)
+        audio_vae = vae_checkpoint_convert.load_audio_vae(base.root).to(device).eval()
+        pipe = cls(info, dit, text, video_vae, audio_vae, device, provenance)
         if cuda:
             pipe.warm_up(warm_up if warm_up is not None else (RenderRequest(prompt="warm-up"),))
         return pipe
@@ -278,6 +309,7 @@ class Pipeline:
             "h3batch_release": self.release_id,
             "h3batch_contract_sha256": self.contract_hash,
             "h3batch_seed": str(req.seed),
+            **provenance_tags(self.provenance),
         }
 
         def tags() -> dict[str, str]:

@@ -73,7 +73,8 @@ def ranks_from_env(environ: dict[str, str] | None = None) -> int:
 
 
 def load_pipeline(release_dir: str | Path, *, ranks: int = 1, device: str | torch.device | None = None,
-                  hf_cache: str | Path | None = None) -> Pipeline | RankGroupPipeline:
+                  hf_cache: str | Path | None = None, require_pinned_base: bool = False
+                  ) -> Pipeline | RankGroupPipeline:
     """A resident pipeline: the plain in-process `Pipeline` for ranks = 1, a `RankGroupPipeline` for more.
 
     Both offer release_id, contract_hash, validate(req), render(req, out_path, on_progress=, should_cancel=), close().
@@ -82,8 +83,9 @@ def load_pipeline(release_dir: str | Path, *, ranks: int = 1, device: str | torc
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks: expected a positive integer, got {ranks!r}")
     if ranks == 1:
-        return Pipeline.load(release_dir, device=device, hf_cache=hf_cache)
-    return RankGroupPipeline.start(release_dir, ranks=ranks, device=device, hf_cache=hf_cache)
+        return Pipeline.load(release_dir, device=device, hf_cache=hf_cache, require_pinned_base=require_pinned_base)
+    return RankGroupPipeline.start(release_dir, ranks=ranks, device=device, hf_cache=hf_cache,
+                                   require_pinned_base=require_pinned_base)
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class RankSpec:
     port: int  # loopback rendezvous
     threads: int | None  # CPU threads per rank; None = torch's default (e.g. OMP_NUM_THREADS)
     log_level: int  # the driver's root logging level, so ranks log like the process that started them
+    require_pinned_base: bool = False  # H3BATCH_REQUIRE_PINNED_BASE
 
 
 class RankGroupPipeline:
@@ -108,6 +111,8 @@ class RankGroupPipeline:
         self.device = f"{spec.device_type}×{spec.world}"
         self.release_id = ready["release_id"]
         self.contract_hash = ready["contract_hash"]
+        self.provenance = ready.get("provenance", {})
+        self.canvas = ready.get("canvas")
         self._processes = processes
         self._commands = commands
         self._events = events
@@ -117,7 +122,8 @@ class RankGroupPipeline:
 
     @classmethod
     def start(cls, release_dir: str | Path, *, ranks: int, device: str | torch.device | None = None,
-              hf_cache: str | Path | None = None, start_timeout_s: float | None = None) -> RankGroupPipeline:
+              hf_cache: str | Path | None = None, start_timeout_s: float | None = None,
+              require_pinned_base: bool = False) -> RankGroupPipeline:
         """Spawn `ranks` processes, load the release on each and wait until all are ready.
 
         device: "cuda" (rank r on cuda:r; needs ranks ≤ visible GPUs), "cpu" (gloo), None = cuda when available.
@@ -136,7 +142,7 @@ class RankGroupPipeline:
         if device_type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             threads = max(1, (os.cpu_count() or 1) // ranks)
         spec = RankSpec(str(release_dir), None if hf_cache is None else str(hf_cache), ranks, device_type,
-                        _free_port(), threads, logging.getLogger().getEffectiveLevel())
+                        _free_port(), threads, logging.getLogger().getEffectiveLevel(), require_pinned_base)
 
         ctx = mp.get_context("spawn")
         commands = [ctx.Queue() for _ in range(ranks)]
@@ -375,15 +381,19 @@ class StepBoundaryVote:
 
 
 def _load_rank_pipeline(rank: int, spec: RankSpec, device: torch.device) -> Pipeline:
-    """Rank 0: the whole release; other ranks: the DiT only. Then the SP DiT and the shared text encoder."""
-    from h3batch.worker.h3 import contract
+    """Rank 0: the whole release; other ranks: the DiT only (a Hub release: its DiT files only). Then the SP DiT and
+    the shared text encoder."""
+    from h3batch.worker.h3 import contract, release_ref
     from h3batch.worker.h3.loader import load_transformer
     from h3batch.worker.h3.parallel import apply_sequence_parallel
 
     if rank == 0:
-        pipe = Pipeline.load(spec.release_dir, device=device, hf_cache=spec.hf_cache)
+        pipe = Pipeline.load(spec.release_dir, device=device, hf_cache=spec.hf_cache,
+                             require_pinned_base=spec.require_pinned_base)
     else:
-        info = contract.validate_release(spec.release_dir)
+        resolved = release_ref.resolve_release(spec.release_dir, release_ref.ReleaseRole.DIT, cache_dir=spec.hf_cache)
+        info = contract.validate_release(resolved.path, require_pinned_base=spec.require_pinned_base,
+                                         conditioner=False)
         dit = load_transformer(Path(info.path) / "transformer", vsa_gates=True, device=device)
         pipe = Pipeline(info, dit, None, None, None, device)
     apply_sequence_parallel(pipe.dit)
@@ -417,7 +427,8 @@ def _rank_main(rank: int, spec: RankSpec, commands, events, cancel) -> None:
         except BaseException:
             events.put((0, rank, "failed", traceback.format_exc()))
             return
-        events.put((0, rank, "ready", {"release_id": pipe.release_id, "contract_hash": pipe.contract_hash}))
+        events.put((0, rank, "ready", {"release_id": pipe.release_id, "contract_hash": pipe.contract_hash,
+                                       "provenance": pipe.provenance, "canvas": pipe.canvas}))
         _serve(rank, pipe, commands, events, cancel, device, parent)
     finally:
         dist.destroy_process_group()

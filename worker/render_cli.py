@@ -1,7 +1,8 @@
 """`h3batch render`: one prompt to one MP4 on this machine, with a progress bar per step and a JSON summary line.
 
 Exit 0 on success (the last stdout line is the JSON summary), 2 with one line on stderr for bad input (empty prompt,
-unsupported size or duration, missing or invalid release), 1 for an unexpected failure.
+unsupported size or duration, missing or invalid release, a Hub release the cache or Hub cannot serve), 1 for an
+unexpected failure.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 from h3batch.cli_args import OneLineArgumentParser
+from h3batch.core.geometry import ASPECT_RATIOS
 from h3batch.settings import Settings, env_value
 
 DEFAULT_RELEASE = str(env_value("H3BATCH_RELEASE") or Settings().release_dir)
@@ -20,11 +22,16 @@ DEFAULT_RELEASE = str(env_value("H3BATCH_RELEASE") or Settings().release_dir)
 
 def _parser() -> argparse.ArgumentParser:
     p = OneLineArgumentParser(prog="h3batch render", description=__doc__.splitlines()[0])
-    p.add_argument("--release", default=DEFAULT_RELEASE, help="release directory (default: %(default)s)")
+    p.add_argument("--release", default=DEFAULT_RELEASE,
+                   help="release directory, or Hub repo org/name[@revision] / hf://org/name@revision "
+                        "(default: %(default)s)")
     p.add_argument("--prompt", required=True, help="text prompt, used verbatim")
     p.add_argument("--seconds", type=float, default=4.0, help="duration, 4-15 s (default: %(default)s)")
-    p.add_argument("--width", type=int, default=256, help="multiple of 32 (default: %(default)s)")
-    p.add_argument("--height", type=int, default=128, help="multiple of 32 (default: %(default)s)")
+    p.add_argument("--width", type=int, default=None,
+                   help="multiple of 32 (default: the release's canvas: 1344x768 for V2, 256x128 for the tiny one)")
+    p.add_argument("--height", type=int, default=None, help="multiple of 32 (default: the release's canvas)")
+    p.add_argument("--aspect-ratio", default=None, choices=sorted(ASPECT_RATIOS),
+                   help="instead of a size: the release's trained bucket for this aspect")
     p.add_argument("--seed", type=int, default=0, help="RNG key for the noise (default: %(default)s)")
     p.add_argument("--out", required=True, help="output .mp4 path")
     p.add_argument("--hf-cache", default=None,
@@ -42,21 +49,29 @@ def _fail(message: str) -> int:
     return 2
 
 
-def resolve_hf_cache(release: Path, explicit: str | None) -> str | None:
-    """Explicit flag, else $HF_HUB_CACHE, else the sibling `hf-cache` that `build-tiny` writes when it exists."""
+def resolve_hf_cache(release: Path | None, explicit: str | None) -> str | None:
+    """Explicit flag, else $HF_HUB_CACHE, else the sibling `hf-cache` that `build-tiny` writes when it exists
+    (`release` None, a Hub release: huggingface_hub's default cache)."""
     if explicit:
         return explicit
     if os.environ.get("HF_HUB_CACHE"):
         return os.environ["HF_HUB_CACHE"]
+    if release is None:
+        return None
     sibling = release.resolve().parent / "hf-cache"
     return str(sibling) if sibling.is_dir() else None
 
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    release = Path(args.release)
-    if not release.is_dir():
-        return _fail(f"release directory {str(release)!r} does not exist (build one: h3batch build-tiny --out DIR)")
+    from h3batch.worker.h3.release_ref import ReleaseRefError, parse_release_ref
+    try:
+        ref = parse_release_ref(args.release)
+    except ReleaseRefError as err:
+        return _fail(str(err))
+    if not ref.is_hub and not ref.directory.is_dir():
+        return _fail(f"release directory {str(ref.directory)!r} does not exist "
+                     f"(build one: h3batch build-tiny --out DIR)")
     if not args.prompt.strip():
         return _fail("--prompt: expected a non-empty prompt")
     out = Path(args.out)
@@ -66,9 +81,15 @@ def main(argv: list[str]) -> int:
         return _fail(f"--out: directory {str(out.parent)!r} does not exist")
 
     # Heavy imports after argument checks so bad input answers at once.
-    from h3batch.core.geometry import GeometryError, RequestGeometry
-    try:
-        RequestGeometry(args.width, args.height, args.seconds)
+    from h3batch.core.geometry import V2_CANVAS, GeometryError, RequestGeometry, check_canvas_area
+    try:  # a full size (or an aspect ratio) is checked before loading; a half one once the release's canvas is known
+        if args.aspect_ratio is not None or None not in (args.width, args.height):
+            width, height = V2_CANVAS.resolve(args.width, args.height, args.aspect_ratio)
+            RequestGeometry(width, height, args.seconds)
+            check_canvas_area(width, height)
+        else:  # the side given (if any) and the duration window
+            side = args.width if args.width is not None else args.height
+            RequestGeometry(256 if side is None else side, 256 if side is None else side, args.seconds)
     except GeometryError as err:
         return _fail(str(err))
 
@@ -84,14 +105,23 @@ def main(argv: list[str]) -> int:
 
     started = time.perf_counter()
     try:
-        pipe = load_pipeline(release, ranks=ranks, device=args.device,
-                             hf_cache=resolve_hf_cache(release, args.hf_cache))
+        pipe = load_pipeline(args.release, ranks=ranks, device=args.device,
+                             hf_cache=resolve_hf_cache(ref.directory, args.hf_cache),
+                             require_pinned_base=bool(env_value("H3BATCH_REQUIRE_PINNED_BASE")))
     except ValueError as err:  # contract, provenance and loader errors all name the field or key
         return _fail(str(err).splitlines()[0])
     except RankGroupError as err:
         print(f"h3batch render: {str(err).splitlines()[0]}", file=sys.stderr)
         return 1
     load_s = time.perf_counter() - started
+
+    try:
+        width, height = pipe.canvas.resolve(args.width, args.height, args.aspect_ratio)
+        req = RenderRequest(args.prompt, args.seconds, width, height, args.seed)
+        pipe.validate(req)
+    except ValueError as err:  # GeometryError too
+        pipe.close()
+        return _fail(str(err).splitlines()[0])
 
     bar = None if args.no_progress else tqdm(total=8, desc="denoise", unit="step", file=sys.stderr)
 
@@ -104,7 +134,6 @@ def main(argv: list[str]) -> int:
         else:
             bar.refresh()
 
-    req = RenderRequest(args.prompt, args.seconds, args.width, args.height, args.seed)
     try:
         result = pipe.render(req, out, on_progress=on_progress)
     except ValueError as err:

@@ -56,7 +56,7 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
         ranks = ranks_from_env({RANKS_ENV: settings.ranks})  # ValueError names H3BATCH_RANKS
         # ranks = 1: the plain in-process Pipeline; more: a resident rank group (spawned, one GPU each).
         pipeline = load_pipeline(settings.release_dir, ranks=ranks, device=settings.device,
-                                 hf_cache=settings.hf_cache_dir)
+                                 hf_cache=settings.hf_cache_dir, require_pinned_base=settings.require_pinned_base)
         load_s = time.perf_counter() - started
         loads = int(r.hincrby(keys.STATS, "model_loads", 1))
         sender = make_celery(settings.redis_url, max_run_s=settings.max_run_s)

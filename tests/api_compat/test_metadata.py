@@ -14,7 +14,7 @@ from tests.api_compat.conftest import auth, wait_job
 
 
 def test_record_and_mp4_carry_provenance(stack, tmp_path):
-    """A completed job shows metadata (params, seed, release, contract hash, gpu, versions) and its MP4 has the tags."""
+    """A completed job shows metadata (params, seed, release, contract hash, commits, gpu, versions); the MP4 too."""
     reply = requests.post(f"{stack.base}/jobs", json={"prompt": "a kettle whistling", "seed": 4242},
                           headers=auth(), timeout=10)
     assert reply.status_code == 202, reply.text
@@ -27,6 +27,9 @@ def test_record_and_mp4_carry_provenance(stack, tmp_path):
                                   "audio_flow_shift": 3.0, "guidance_scale": 1.0}
     assert meta["release_id"] == job["release_id"] and re.fullmatch(r"[0-9a-f]{64}", meta["contract_hash"])
     assert meta["gpu"] == "cpu" and meta["device"] == "cpu"
+    provenance = meta["provenance"]  # a release directory: no release commit; the base revision's resolved commit
+    assert provenance["release_commit"] is None and provenance["base_repo"] == "MiniMaxAI/MiniMax-H3"
+    assert re.fullmatch(r"[0-9a-f]{40}", provenance["base_commit"])
     assert meta["versions"]["torch"] == torch.__version__
     assert meta["versions"]["diffusers"] == metadata.version("diffusers")
     assert meta["versions"]["transformers"] == metadata.version("transformers")
@@ -41,5 +44,6 @@ def test_record_and_mp4_carry_provenance(stack, tmp_path):
     assert tags["h3batch_contract_sha256"] == meta["contract_hash"]
     assert json.loads(tags["h3batch_parameters"]) == meta["parameters"]
     assert tags["h3batch_gpu"] == "cpu"
+    assert tags["h3batch_base_commit"] == provenance["base_commit"] and "h3batch_release_commit" not in tags
     assert f"torch={torch.__version__}" in tags["h3batch_versions"].split(",")
     assert {"text_encode", "denoise", "decode"} <= {kv.split("=")[0] for kv in tags["h3batch_stage_seconds"].split(",")}

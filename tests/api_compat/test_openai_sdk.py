@@ -85,7 +85,7 @@ def test_sdk_full_lifecycle(stack, tmp_path):
     ({"model": "sora-2"}, "model", "model_not_found"),
     ({"extra_body": {"num_inference_steps": 4}}, "num_inference_steps", "unsupported_parameter"),
     ({"extra_body": {"guidance_scale": 5}}, "guidance_scale", "unsupported_parameter"),
-    ({"size": "1000x500"}, "width", "unsupported_size"),
+    ({"size": "4000x1000"}, "width", "unsupported_size"),  # over the area cap (1000x500 now maps to 1024x512)
     ({"seconds": "2"}, "seconds", "unsupported_duration"),
     ({"extra_body": {"fps": 30}}, "fps", "unsupported_parameter"),
     ({"extra_body": {"colour": "red"}}, "colour", "unsupported_parameter"),

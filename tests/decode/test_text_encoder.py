@@ -74,10 +74,10 @@ def test_encoding_is_deterministic_and_prompt_sensitive(encoder):
 
 
 def test_loader_keeps_only_layers_up_to_the_one_read(tiny_text_dirs, full_model):
-    """Loading for hidden_layer=1 builds 2 decoder layers and still returns the full model's hidden_states[1]."""
+    """Loading for hidden_layer=1 builds 1 decoder layer, no final norm, and returns the full hidden_states[1]."""
     text_dir, tok_dir = tiny_text_dirs
     shallow = TextEncoder.load(text_dir, tok_dir, 1, "cpu")
-    assert len(shallow.model.model.language_model.layers) == 2
+    assert len(shallow.model.model.language_model.layers) == 1
     features, length = shallow.encode(PROMPT)
     token_ids = shallow.tokenize(PROMPT)
     with torch.no_grad():
@@ -86,6 +86,16 @@ def test_loader_keeps_only_layers_up_to_the_one_read(tiny_text_dirs, full_model)
             input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, output_hidden_states=True
         ).hidden_states[1]
     assert torch.equal(features, reference)
+
+
+def test_reading_the_last_stored_layer_gives_its_pre_norm_output(tiny_text_dirs, full_model):
+    """hidden_layer equal to the stored depth (3 of 3) returns layer 2's residual, not the final-normed output."""
+    text_dir, tok_dir = tiny_text_dirs
+    deepest = TextEncoder.load(text_dir, tok_dir, 3, "cpu")
+    features, _ = deepest.encode(PROMPT)
+    residual, final_normed = reference_residual(full_model, deepest.tokenize(PROMPT), 3)
+    assert torch.equal(features, residual)
+    assert not torch.allclose(features.float(), final_normed.float(), atol=1e-2)
 
 
 @pytest.mark.parametrize("bad", ["", "   \n\t", None, 42, b"bytes prompt", ["a list"]])
@@ -111,10 +121,10 @@ def test_token_limit_is_1024_inclusive(encoder):
         encoder.encode(prompt + "~")
 
 
-@pytest.mark.parametrize("layer", [0, 3, 7])
-def test_rejects_hidden_layer_outside_pre_norm_range(tiny_text_dirs, layer):
-    """hidden_layer must be in [1, num_layers-1]: 0 is the embedding, 3 of 3 is post-final-norm."""
-    with pytest.raises(ValueError, match=r"hidden_layer must be in \[1, 2\]"):
+@pytest.mark.parametrize("layer", [0, 4, 7])
+def test_rejects_hidden_layer_outside_stored_range(tiny_text_dirs, layer):
+    """hidden_layer must be in [1, num_layers]: 0 is the embedding, 4 of 3 was never stored."""
+    with pytest.raises(ValueError, match=r"hidden_layer must be in \[1, 3\]"):
         TextEncoder.load(*tiny_text_dirs, layer, "cpu")
 
 

@@ -18,9 +18,14 @@ from h3batch.core.geometry import (
     AUDIO_SAMPLE_RATE,
     FPS,
     LATENTS_PER_SECOND,
+    TINY_CANVAS,
+    V2_CANVAS,
+    CanvasProfile,
     GeometryError,
     RequestGeometry,
     bucket_canvas,
+    check_canvas_area,
+    nearest_canvas,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -198,6 +203,56 @@ def test_bucket_canvas_rejects_bad_aspect(aspect):
     """bucket_canvas refuses ratios outside [1/4, 4] or non-numbers with a GeometryError on `aspect`."""
     with pytest.raises(GeometryError, match=r"^aspect: expected"):
         bucket_canvas(aspect)
+
+
+def test_tiny_budget_buckets_agree_with_diffusers():
+    """The bucket rule at the tiny budget (short edge 128, 256·128 pixels) equals diffusers' at that budget."""
+    for i in range(0, 121):
+        ratio = 0.25 + i * (3.75 / 120)
+        height, width = resolve_canvas_size(ratio, 1.0, 32, 128, 256 * 128)
+        assert bucket_canvas(ratio, short_edge=128, max_pixels=256 * 128) == (width, height), ratio
+
+
+@pytest.mark.parametrize("profile, aspect, canvas", [
+    (V2_CANVAS, "16:9", (1344, 768)), (V2_CANVAS, "9:16", (768, 1344)), (V2_CANVAS, "1:1", (768, 768)),
+    (V2_CANVAS, "4:3", (1024, 768)), (V2_CANVAS, "3:4", (768, 1024)),
+    (TINY_CANVAS, "16:9", (224, 128)), (TINY_CANVAS, "9:16", (128, 224)), (TINY_CANVAS, "1:1", (128, 128)),
+])
+def test_aspect_ratio_picks_the_trained_bucket_at_the_release_budget(profile, aspect, canvas):
+    """Each aspect_ratio value maps to its bucket at the profile's pixel budget; without one the default applies."""
+    assert profile.resolve(None, None, aspect) == canvas
+    assert V2_CANVAS.resolve(None, None) == (1344, 768) and TINY_CANVAS.resolve(None, None) == (256, 128)
+    assert V2_CANVAS.resolve(512, None) == (512, 768)  # a side left out takes the default's
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda: V2_CANVAS.resolve(1344, None, "16:9"), "aspect_ratio"),
+    (lambda: V2_CANVAS.bucket("2:1"), "aspect_ratio"),
+    (lambda: CanvasProfile(250, 128, 128, 32768), "width"),
+    (lambda: CanvasProfile(2048, 1024, 768, 32768), "width x height"),
+])
+def test_canvas_profile_refusals_name_the_field(call, field):
+    """A size with an aspect ratio, an unknown ratio, and an unrenderable default raise GeometryError on the field."""
+    with pytest.raises(GeometryError) as err:
+        call()
+    assert err.value.field == field
+
+
+def test_area_cap_is_the_models_bucket_area():
+    """The request contract refuses canvases over 1344·768 pixels with the API's wording; the bucket area passes."""
+    check_canvas_area(1344, 768)
+    check_canvas_area(1536, 672)
+    with pytest.raises(GeometryError, match=r"^width x height: expected at most 1032192 pixels .*1536x1024 = "):
+        check_canvas_area(1536, 1024)
+
+
+@pytest.mark.parametrize("size, canvas", [((1280, 720), (1280, 736)), ((720, 1280), (736, 1280)),
+                                          ((1000, 500), (1024, 512)), ((1024, 576), (1024, 576)),
+                                          ((100, 50), (128, 64)), ((20, 20), (32, 32))])
+def test_nearest_canvas_keeps_the_aspect(size, canvas):
+    """A size off the 32-pixel grid maps to the neighbouring multiples of 32 nearest its aspect ratio."""
+    assert nearest_canvas(*size) == canvas
+    RequestGeometry(*canvas, 4)
 
 
 def test_geometry_imports_no_torch_or_numpy():

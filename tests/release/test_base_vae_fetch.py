@@ -11,7 +11,7 @@ import pytest
 from huggingface_hub import snapshot_download
 from huggingface_hub.utils import filter_repo_objects
 
-from h3batch.worker.h3.base_vae_fetch import BaseModelError, fetch_base_vaes
+from h3batch.worker.h3.base_vae_fetch import BaseModelError, fetch_base_vaes, resolve_base_vaes
 from h3batch.worker.h3.contract import ContractError, validate_release
 from h3batch.worker.h3.vae_checkpoint_convert import load_audio_vae, load_video_vae
 
@@ -113,15 +113,25 @@ def test_unknown_commit_fails_naming_the_revision(tiny, release_copy):
         fetch_base_vaes(release_copy, cache_dir=tiny.hf_cache)
 
 
-def test_branch_revision_is_refused_even_though_the_cache_could_resolve_it(tiny, release_copy):
-    """`@main` is refused by name, although refs/main in the cache would let huggingface_hub resolve it."""
+def test_branch_revision_resolves_to_its_commit_unless_pinning_is_required(tiny, release_copy):
+    """`@main` is fetched at the commit refs/main names and that commit is reported; require_pinned refuses it."""
     assert (_storage(tiny.hf_cache) / "refs" / "main").read_text() == tiny.base_commit
     (release_copy / "provenance.json").write_text(json.dumps({"base_model": f"hf://{REPO_ID}@main"}))
+    base = resolve_base_vaes(release_copy, cache_dir=tiny.hf_cache)
+    assert (base.revision, base.commit) == ("main", tiny.base_commit)
+    assert base.root == _storage(tiny.hf_cache) / "snapshots" / tiny.base_commit / "FL2VA"
     with pytest.raises(ContractError, match="provenance.*'hf://MiniMaxAI/MiniMax-H3@main'"):
-        fetch_base_vaes(release_copy, cache_dir=tiny.hf_cache)
+        fetch_base_vaes(release_copy, cache_dir=tiny.hf_cache, require_pinned=True)
     unpinned = dataclasses.replace(validate_release(tiny.release_dir), base_revision="main")
     with pytest.raises(BaseModelError, match="'main'"):
-        fetch_base_vaes(unpinned, cache_dir=tiny.hf_cache)
+        fetch_base_vaes(unpinned, cache_dir=tiny.hf_cache, require_pinned=True)
+
+
+def test_unknown_tag_fails_naming_repo_and_revision(tiny, release_copy):
+    """A tag the cache has no ref for is unavailable offline; the error names the repo and the tag."""
+    (release_copy / "provenance.json").write_text(json.dumps({"base_model": f"hf://{REPO_ID}@v9.9"}))
+    with pytest.raises(BaseModelError, match=f"{REPO_ID} at revision v9.9"):
+        resolve_base_vaes(release_copy, cache_dir=tiny.hf_cache)
 
 
 def test_nothing_is_written_into_the_release_directory(tiny):

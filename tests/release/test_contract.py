@@ -49,7 +49,11 @@ PROVENANCE_REJECTED = [
     {"base_model": ""},
     {"base_model": None},
     {},
-    {"base_model": "hf://MiniMaxAI/MiniMax-H3@main"},  # a branch is not a pin
+    {"base_model": "hf://MiniMaxAI/MiniMax-H3@  "},  # a blank revision is no revision
+]
+UNPINNED = [
+    {"base_model": "hf://MiniMaxAI/MiniMax-H3@main"},  # a branch
+    {"base_model": "hf://MiniMaxAI/MiniMax-H3@v1.0"},  # a tag
     {"base_model": "hf://MiniMaxAI/MiniMax-H3@" + "A" * 40},  # commit ids are lowercase hex
 ]
 
@@ -153,9 +157,24 @@ def test_every_violation_gets_its_own_line(release_copy, capsys):
     assert "guidance_scale=2.0" in lines[0] and "vsa_tile_size=32" in lines[1] and "tokenizer/" in lines[2]
 
 
+@pytest.mark.parametrize("provenance", UNPINNED, ids=range(len(UNPINNED)))
+def test_any_non_empty_revision_is_accepted_unless_pinning_is_required(release_copy, capsys, monkeypatch, provenance):
+    """A branch, a tag or upper-case hex is a revision (as vllm-omni reads it); REQUIRE_PINNED_BASE refuses it."""
+    (release_copy / "provenance.json").write_text(json.dumps(provenance))
+    revision = provenance["base_model"].split("@", 1)[1]
+    assert validate_release(release_copy).base_revision == revision
+    with pytest.raises(ContractError, match=r"provenance.*H3BATCH_REQUIRE_PINNED_BASE.*40-hex") as err:
+        validate_release(release_copy, require_pinned_base=True)
+    assert repr(provenance["base_model"]) in str(err.value)
+    assert _cli(release_copy, capsys)[0] == 0
+    monkeypatch.setenv("H3BATCH_REQUIRE_PINNED_BASE", "1")
+    code, _, lines = _cli(release_copy, capsys)
+    assert code == 2 and len(lines) == 1 and "40-hex" in lines[0]
+
+
 @pytest.mark.parametrize("provenance", PROVENANCE_REJECTED, ids=range(len(PROVENANCE_REJECTED)))
-def test_provenance_must_pin_a_commit(release_copy, capsys, provenance):
-    """The §6.3 rejected forms, a branch name and upper-case hex all fail naming provenance and the value."""
+def test_provenance_must_name_a_base_revision(release_copy, capsys, provenance):
+    """The §6.3 rejected forms (and a blank revision) fail naming provenance and the value, pinned or not."""
     (release_copy / "provenance.json").write_text(json.dumps(provenance))
     with pytest.raises(ContractError, match="provenance") as err:
         validate_release(release_copy)
@@ -241,3 +260,24 @@ def test_cli_bad_arguments_one_line(capsys, tmp_path):
     assert exit_.value.code == 2 and len(capsys.readouterr().err.splitlines()) == 1
     code, _, lines = _cli(tmp_path / "nope", capsys)
     assert code == 2 and len(lines) == 1 and "nope" in lines[0]
+
+
+def test_release_canvas_is_recorded_by_build_tiny_and_v2_by_default(tiny, release_copy):
+    """build-tiny records the tiny canvas (256x128); a release without the file (the published V2) gets 1344x768."""
+    from h3batch.core.geometry import TINY_CANVAS, V2_CANVAS
+
+    assert validate_release(tiny.release_dir).canvas == TINY_CANVAS
+    assert json.loads((tiny.release_dir / contract.CANVAS_FILE).read_text())["default_width"] == 256
+    (release_copy / contract.CANVAS_FILE).unlink()
+    assert validate_release(release_copy).canvas == V2_CANVAS and V2_CANVAS.default == (1344, 768)
+
+
+@pytest.mark.parametrize("content, words", [
+    ({"default_width": 250, "default_height": 128, "short_edge": 128, "max_pixels": 32768}, "width"),
+    ({"default_width": 256}, "expected an object with keys"),
+])
+def test_malformed_canvas_file_is_a_violation(release_copy, content, words):
+    """A canvas record that is incomplete or unrenderable is refused naming the file and the problem."""
+    (release_copy / contract.CANVAS_FILE).write_text(json.dumps(content))
+    violations = find_violations(release_copy)
+    assert len(violations) == 1 and contract.CANVAS_FILE in violations[0] and words in violations[0]

@@ -204,3 +204,48 @@ def test_cli_bad_arguments_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exit_:
         tiny_release.main(argv)
     assert exit_.value.code == 2 and len(capsys.readouterr().err.splitlines()) == 1
+
+
+def _store_only_layers(text_encoder_dir: Path, out: Path, layers: int) -> None:
+    """Copy a Qwen3-VL checkpoint keeping decoder layers 0..layers-1 (config and tensors), as FastVideo ships it."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True)
+    config = json.loads((text_encoder_dir / "config.json").read_text())
+    config["text_config"]["num_hidden_layers"] = layers
+    if "layer_types" in config["text_config"]:
+        config["text_config"]["layer_types"] = config["text_config"]["layer_types"][:layers]
+    (out / "config.json").write_text(json.dumps(config))
+    state = {}
+    for shard in sorted(text_encoder_dir.glob("*.safetensors")):
+        for name, tensor in load_file(shard).items():
+            index = name.split("language_model.layers.")[1].split(".")[0] if "language_model.layers." in name else None
+            if index is None or int(index) < layers:
+                state[name] = tensor
+    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+    for extra in text_encoder_dir.iterdir():
+        if extra.suffix != ".safetensors" and extra.name not in ("config.json", "model.safetensors.index.json"):
+            (out / extra.name).write_bytes(extra.read_bytes())
+
+
+def test_text_encoder_storing_exactly_the_layers_read_gives_identical_features(tiny, release_copy):
+    """A tiny release whose encoder stores exactly hidden_layer layers loads and encodes bit-identically to the full."""
+    import shutil
+
+    from h3batch.worker.h3.contract import find_violations
+    from h3batch.worker.h3.text_encoder import TextEncoder
+
+    layer = tiny_release.TINY_ENTRY.text_hidden_layer
+    assert layer < TINY_TEXT_ENCODER["text_config"]["num_hidden_layers"]  # the built release stores more
+    shutil.rmtree(release_copy / "text_encoder")
+    _store_only_layers(tiny.release_dir / "text_encoder", release_copy / "text_encoder", layer)
+    assert find_violations(release_copy) == []
+    stored = json.loads((release_copy / "text_encoder" / "config.json").read_text())
+    assert stored["text_config"]["num_hidden_layers"] == layer
+
+    prompt = "A cat sleeps on a sunny windowsill while the curtains move gently in the breeze."
+    full = TextEncoder.load(tiny.release_dir / "text_encoder", tiny.release_dir / "tokenizer", layer, "cpu")
+    exact = TextEncoder.load(release_copy / "text_encoder", release_copy / "tokenizer", layer, "cpu")
+    (a, length_a), (b, length_b) = full.encode(prompt), exact.encode(prompt)
+    assert length_a == length_b and a.dtype == b.dtype == torch.bfloat16
+    assert torch.equal(a, b)

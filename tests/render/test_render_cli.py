@@ -82,6 +82,8 @@ def test_same_seed_same_frames(release, tmp_path):
     (["--prompt", "x", "--width", "1024", "--height", "128"], "aspect"),
     (["--prompt", "x", "--seconds", "2"], "seconds"),
     (["--prompt", "x", "--seconds", "16"], "seconds"),
+    (["--prompt", "x", "--aspect-ratio", "16:9", "--width", "256"], "aspect_ratio"),
+    (["--prompt", "x", "--width", "1536", "--height", "1024"], "width x height"),
     (["--prompt", "x", "--out", "clip.webm"], "--out"),
 ])
 def test_bad_input_exits_2_with_one_line(release, tmp_path, args, words):
@@ -108,3 +110,14 @@ def test_invalid_release_exits_2_naming_the_field(release, tmp_path):
     proc = render("--release", str(bad), "--prompt", "x", "--out", str(tmp_path / "x.mp4"), cwd=tmp_path)
     assert proc.returncode == 2 and "vsa_sparsity" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_aspect_ratio_renders_the_release_bucket(release, tmp_path):
+    """`--aspect-ratio 1:1` on the tiny release renders its 1:1 bucket at the tiny budget (128x128)."""
+    out = tmp_path / "square.mp4"
+    proc = render("--release", str(release), "--prompt", "a cat", "--aspect-ratio", "1:1", "--out", str(out),
+                  "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (summary["width"], summary["height"]) == (128, 128)
+    assert (probe_mp4(out)["width"], probe_mp4(out)["height"]) == (128, 128)

@@ -5,11 +5,17 @@ A release directory is accepted only if
 1. ``fastvideo_inference.json`` carries the 11 contract fields of a registry entry, compared in table order with
    Python ``!=`` (so ``8.0`` passes for ``8``) and booleans refused (``True == 1`` would otherwise slip through);
    a missing key reads as ``None``;
-2. ``provenance.json`` pins the base repo as ``hf://MiniMaxAI/MiniMax-H3@<40-hex commit>`` (h3batch is stricter than
-   vllm-omni: a branch name such as ``@main`` is not a pin and is refused);
+2. ``provenance.json`` names the base repo as ``hf://MiniMaxAI/MiniMax-H3@<revision>`` with any non-empty revision,
+   as vllm-omni accepts (a tag or branch too: ``worker/h3/base_vae_fetch.py`` resolves it to the commit it stands
+   for, and that commit is what jobs record); ``require_pinned_base=True`` (``H3BATCH_REQUIRE_PINNED_BASE=1``)
+   restores the 40-hex commit requirement;
 3. the required files are there: the modular marker, the Diffusers transformer index and every shard it names (and
-   no unindexed shard beside them), the text encoder and tokenizer; the index holds one compression gate per DiT
-   block.
+   no unindexed shard beside them), the text encoder and tokenizer (not checked with ``conditioner=False``, for a
+   DiT-only rank that fetched no conditioner); the index holds one compression gate per DiT block.
+
+An optional ``h3batch_canvas.json`` (written by ``h3batch build-tiny``) records the release's canvas: the size a
+request without one renders and the pixel budget of its aspect buckets (``core.geometry.CanvasProfile``); a release
+without it (the published V2) has the V2 33B canvas, 1344x768 (``ReleaseInfo.canvas``).
 
 ``find_violations`` lists every problem, one line each (``h3batch check-release`` prints them and exits 2);
 ``validate_release`` raises ``ContractError`` with the first one and returns a ``ReleaseInfo`` for the worker.
@@ -26,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from h3batch.cli_args import OneLineArgumentParser
+from h3batch.core.geometry import V2_CANVAS, CanvasProfile, GeometryError
+from h3batch.settings import env_value
 
 CONTRACT_FILE = "fastvideo_inference.json"
 PROVENANCE_FILE = "provenance.json"
@@ -36,6 +44,7 @@ TRANSFORMER_CLASS_NAME = "MiniMaxH3Transformer3DModel"
 TRANSFORMER_INDEX_FILE = "diffusion_pytorch_model.safetensors.index.json"
 TEXT_ENCODER_DIR = "text_encoder"
 TOKENIZER_DIR = "tokenizer"
+CANVAS_FILE = "h3batch_canvas.json"
 
 BASE_REPO_ID = "MiniMaxAI/MiniMax-H3"
 PROVENANCE_PREFIX = f"hf://{BASE_REPO_ID}@"
@@ -183,6 +192,8 @@ class ReleaseInfo:
     shard_files: tuple[str, ...]
     tensor_count: int
     startup_log_line: str
+    canvas: CanvasProfile = V2_CANVAS
+    """Default canvas and bucket budget (``CANVAS_FILE`` when the release has one, else V2's 1344x768)."""
 
     @property
     def model_id(self) -> str:
@@ -249,15 +260,21 @@ def check_contract(data: Any) -> tuple[list[str], RegistryEntry | None]:
     return violations, entry
 
 
-def parse_provenance(data: Any) -> tuple[str | None, str | None]:
-    """(revision, None) for ``{"base_model": "hf://MiniMaxAI/MiniMax-H3@<40 hex>"}``, else (None, violation)."""
+def parse_provenance(data: Any, *, require_pinned: bool = False) -> tuple[str | None, str | None]:
+    """(revision, None) for ``{"base_model": "hf://MiniMaxAI/MiniMax-H3@<revision>"}``, else (None, violation).
+
+    Any non-empty revision is accepted; ``require_pinned`` accepts only a 40-hex (lower-case) commit.
+    """
     base_model = data.get("base_model") if isinstance(data, dict) else None
     revision = base_model[len(PROVENANCE_PREFIX):] if isinstance(base_model, str) else ""
-    if isinstance(base_model, str) and base_model.startswith(PROVENANCE_PREFIX) and COMMIT_RE.fullmatch(revision):
-        return revision, None
+    if isinstance(base_model, str) and base_model.startswith(PROVENANCE_PREFIX) and revision.strip():
+        if not require_pinned or COMMIT_RE.fullmatch(revision):
+            return revision, None
+    expected = "<40-hex commit>" if require_pinned else "<revision>"
+    pinned = " (H3BATCH_REQUIRE_PINNED_BASE=1)" if require_pinned else ""
     return None, (
-        f"FastH3 V2 provenance must pin a {BASE_REPO_ID} base revision: "
-        f"{PROVENANCE_FILE} base_model={base_model!r}, expected '{PROVENANCE_PREFIX}<40-hex commit>'"
+        f"FastH3 V2 provenance must pin a {BASE_REPO_ID} base revision{pinned}: "
+        f"{PROVENANCE_FILE} base_model={base_model!r}, expected '{PROVENANCE_PREFIX}{expected}'"
     )
 
 
@@ -334,6 +351,22 @@ def _check_conditioner(root: Path) -> list[str]:
     return violations
 
 
+def read_canvas(root: Path) -> tuple[CanvasProfile, str | None]:
+    """(canvas, None) from ``CANVAS_FILE`` (V2's canvas when absent), else (V2's canvas, violation)."""
+    if not (root / CANVAS_FILE).exists():
+        return V2_CANVAS, None
+    data, err = _read_json(root / CANVAS_FILE)
+    if err:
+        return V2_CANVAS, err
+    keys = set(V2_CANVAS.as_json())
+    if not isinstance(data, dict) or set(data) != keys:
+        return V2_CANVAS, f"{CANVAS_FILE}: expected an object with keys {sorted(keys)}, found {data!r}"
+    try:
+        return CanvasProfile(**data), None
+    except GeometryError as exc:
+        return V2_CANVAS, f"{CANVAS_FILE}: {exc}"
+
+
 @dataclass(frozen=True)
 class _Findings:
     violations: list[str]
@@ -341,9 +374,10 @@ class _Findings:
     revision: str | None
     shards: tuple[str, ...]
     tensor_count: int
+    canvas: CanvasProfile = V2_CANVAS
 
 
-def _inspect(path: str | Path) -> _Findings:
+def _inspect(path: str | Path, *, require_pinned_base: bool = False, conditioner: bool = True) -> _Findings:
     root = Path(path)
     if not root.is_dir():
         return _Findings([f"release directory not found: expected a directory at {root}"], None, None, (), 0)
@@ -360,7 +394,7 @@ def _inspect(path: str | Path) -> _Findings:
     if err:
         violations.append(err)
     else:
-        revision, problem = parse_provenance(provenance_data)
+        revision, problem = parse_provenance(provenance_data, require_pinned=require_pinned_base)
         if problem:
             violations.append(problem)
     index_data, err = _read_json(root / MODULAR_INDEX_FILE)
@@ -371,18 +405,22 @@ def _inspect(path: str | Path) -> _Findings:
         violations.append(f"{MODULAR_INDEX_FILE}: _class_name={found!r}, expected {MODULAR_CLASS_NAME!r}")
     found, shards, tensor_count = _check_transformer(root, entry)
     violations += found
-    violations += _check_conditioner(root)
-    return _Findings(violations, entry, revision, shards, tensor_count)
+    if conditioner:
+        violations += _check_conditioner(root)
+    canvas, problem = read_canvas(root)
+    if problem:
+        violations.append(problem)
+    return _Findings(violations, entry, revision, shards, tensor_count, canvas)
 
 
-def find_violations(path: str | Path) -> list[str]:
+def find_violations(path: str | Path, *, require_pinned_base: bool = False) -> list[str]:
     """Every contract violation of the release at ``path``, one line each; empty when valid."""
-    return _inspect(path).violations
+    return _inspect(path, require_pinned_base=require_pinned_base).violations
 
 
-def validate_release(path: str | Path) -> ReleaseInfo:
+def validate_release(path: str | Path, *, require_pinned_base: bool = False, conditioner: bool = True) -> ReleaseInfo:
     """Check the release at ``path`` (§6); raise ``ContractError`` (a ``ValueError``) naming the first violation."""
-    found = _inspect(path)
+    found = _inspect(path, require_pinned_base=require_pinned_base, conditioner=conditioner)
     if found.violations:
         raise ContractError(found.violations)
     assert found.entry is not None and found.revision is not None
@@ -398,6 +436,7 @@ def validate_release(path: str | Path) -> ReleaseInfo:
         shard_files=found.shards,
         tensor_count=found.tensor_count,
         startup_log_line=startup_log_line(contract),
+        canvas=found.canvas,
     )
 
 
@@ -405,13 +444,17 @@ def main(argv: list[str]) -> int:
     """``h3batch check-release DIR``: one summary line and exit 0, or one line per violation and exit 2."""
     parser = OneLineArgumentParser(prog="h3batch check-release", description="validate a FastH3 release directory")
     parser.add_argument("release_dir", help="release directory (holds fastvideo_inference.json)")
+    parser.add_argument("--require-pinned-base", action="store_true", default=None,
+                        help="refuse a base revision that is not a 40-hex commit "
+                             "(default: $H3BATCH_REQUIRE_PINNED_BASE)")
     args = parser.parse_args(argv)
-    violations = find_violations(args.release_dir)
+    pinned = bool(args.require_pinned_base or env_value("H3BATCH_REQUIRE_PINNED_BASE"))
+    violations = find_violations(args.release_dir, require_pinned_base=pinned)
     if violations:
         for line in violations:
             print(f"check-release: {line}", file=sys.stderr)
         return 2
-    info = validate_release(args.release_dir)
+    info = validate_release(args.release_dir, require_pinned_base=pinned)
     print(info.summary())
     return 0
 

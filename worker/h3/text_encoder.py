@@ -10,11 +10,14 @@ Two decisions worth knowing:
 * ``mm_token_type_ids`` are built here as zeros rather than through ``Qwen3VLProcessor.create_mm_token_type_ids``:
   loading that processor needs its image/video processors (torchvision), and for a text-only call the ids only
   steer M-RoPE when image/video grids are passed, which T2VA never does, so the output is identical either way.
-* Decoder layers after ``hidden_layer`` cannot change ``hidden_states[hidden_layer]`` (the stack is sequential), so
-  the encoder is built with ``hidden_layer + 1`` layers and the weights of the deeper ones are not loaded. One
-  layer is kept beyond the one read because transformers overwrites the last ``hidden_states`` entry with the
-  final-normed output (§8 pitfall). For the release (50 of 64 layers) this saves 13 layers (~12 GiB bf16) and
-  their compute, which is what lets DiT, encoder and VAE share one H200 (§12).
+* Decoder layers from ``hidden_layer`` on cannot change ``hidden_states[hidden_layer]`` (the stack is sequential),
+  so the encoder is built with exactly ``hidden_layer`` layers, the weights of deeper ones are not loaded, and the
+  final norm is replaced by an identity: the output of the last kept layer is then the pre-norm residual, read as
+  ``last_hidden_state``. (transformers overwrites the last ``hidden_states`` entry with the final-normed output, §8
+  pitfall, which is why an encoder built to the layer read must not keep its norm.) So a release may store exactly
+  the layers it needs (FastVideo's encoder keeps 50) or more (the full 64): the features are bit-identical. For the
+  full encoder this saves 14 layers (~13 GiB bf16) and their compute, which is what lets DiT, encoder and VAE share
+  one H200 (§12).
 """
 
 from __future__ import annotations
@@ -42,11 +45,15 @@ class TextEncoder:
         max_tokens: int = MAX_PROMPT_TOKENS,
     ) -> None:
         num_layers = model.config.text_config.num_hidden_layers
-        if not 1 <= hidden_layer < num_layers:
+        if not 1 <= hidden_layer <= num_layers:
             raise ValueError(
-                f"hidden_layer must be in [1, {num_layers - 1}] for a {num_layers}-layer text encoder "
-                f"(hidden_states[{num_layers}] is post-final-norm), got {hidden_layer}"
+                f"hidden_layer must be in [1, {num_layers}] for a {num_layers}-layer text encoder, got {hidden_layer}"
             )
+        if hidden_layer < num_layers:
+            # Deeper layers and the final norm cannot change hidden_states[hidden_layer]: drop them (docstring).
+            model.model.language_model.layers = model.model.language_model.layers[:hidden_layer]
+            model.config.text_config.num_hidden_layers = hidden_layer
+        model.model.language_model.norm = torch.nn.Identity()
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.hidden_layer = hidden_layer
@@ -62,21 +69,22 @@ class TextEncoder:
         dtype: torch.dtype = torch.bfloat16,
         max_tokens: int = MAX_PROMPT_TOKENS,
     ) -> "TextEncoder":
-        """Load tokenizer and encoder, keeping decoder layers ``0 .. hidden_layer`` only.
+        """Load tokenizer and encoder, keeping decoder layers ``0 .. hidden_layer - 1`` only.
 
-        Raises ValueError when ``hidden_layer`` is out of range for the stored depth, and when the checkpoint misses
-        or mis-shapes a kept tensor or holds a tensor the (full-depth) model does not know.
+        The stored encoder may hold exactly ``hidden_layer`` layers or more. Raises ValueError when ``hidden_layer``
+        is out of range for the stored depth, and when the checkpoint misses or mis-shapes a kept tensor or holds a
+        tensor the (full-depth) model does not know.
         """
         config = AutoConfig.from_pretrained(text_encoder_dir)
         stored_layers = config.text_config.num_hidden_layers
-        if not 1 <= hidden_layer < stored_layers:
+        if not 1 <= hidden_layer <= stored_layers:
             raise ValueError(
-                f"hidden_layer must be in [1, {stored_layers - 1}] for the {stored_layers}-layer text encoder in "
-                f"{text_encoder_dir} (hidden_states[{stored_layers}] is post-final-norm), got {hidden_layer}"
+                f"hidden_layer must be in [1, {stored_layers}] for the {stored_layers}-layer text encoder in "
+                f"{text_encoder_dir}, got {hidden_layer}"
             )
-        kept_layers = hidden_layer + 1
+        kept_layers = hidden_layer
         config.text_config.num_hidden_layers = kept_layers
-        model, info = Qwen3VLForConditionalGeneration.from_pretrained(
+        model, info = _prefix_class(kept_layers, stored_layers).from_pretrained(
             text_encoder_dir,
             config=config,
             dtype=dtype,
@@ -111,10 +119,20 @@ class TextEncoder:
             attention_mask=torch.ones_like(input_ids),
             mm_token_type_ids=torch.zeros_like(input_ids),  # all text (see module docstring)
             use_cache=False,
-            output_hidden_states=True,
         )
-        features = outputs.hidden_states[self.hidden_layer]  # [1, L, text_dim], pre-final-norm residual
+        # Last kept layer = hidden_layer - 1, norm = identity: this is hidden_states[hidden_layer].
+        features = outputs.last_hidden_state  # [1, L, text_dim], pre-final-norm residual
         return features, len(token_ids)
+
+
+def _prefix_class(kept_layers: int, stored_layers: int) -> type[Qwen3VLForConditionalGeneration]:
+    """The model class to load a ``kept_layers``-deep prefix with: the dropped layers' tensors are expected, so
+    transformers need not print its load report for them (``_check_loading_info`` still vets every other key)."""
+    if kept_layers == stored_layers:
+        return Qwen3VLForConditionalGeneration
+    dropped = "|".join(str(i) for i in range(kept_layers, stored_layers))
+    return type("Qwen3VLForConditionalGenerationPrefix", (Qwen3VLForConditionalGeneration,),
+                {"_keys_to_ignore_on_load_unexpected": {rf"(?:^|\.)language_model\.layers\.(?:{dropped})\."}})
 
 
 def _check_loading_info(info: dict, kept_layers: int, stored_layers: int, where) -> None:

@@ -1,7 +1,8 @@
 """``h3batch build-tiny``: a deterministic random-weight release in the exact FastH3 V2 layout, plus its base repo.
 
 Writes into ``--out`` (spec §6.1): ``fastvideo_inference.json`` (the tiny registry entry's contract),
-``provenance.json`` (pinned to the tiny base repo's commit), ``modular_model_index.json``, ``transformer/`` (Diffusers
+``provenance.json`` (pinned to the tiny base repo's commit), ``modular_model_index.json``, ``h3batch_canvas.json``
+(the tiny canvas: 256x128 by default, buckets at 256·128 pixels), ``transformer/`` (Diffusers
 config of DiT config T2 + >= 2 safetensors shards + index, with one bf16 ``to_gate_compress`` per DiT block, fp32 for
 the 12 boundary tensors), ``text_encoder/`` (tiny Qwen3-VL) and ``tokenizer/`` (a byte-level BPE trained offline on a
 built-in text, saved as ``Qwen2Tokenizer``), ``scheduler/`` + ``audio_scheduler/`` (shift 10 / 3; ignored by
@@ -15,6 +16,9 @@ with ``worker/h3/vae_checkpoint_convert.py``'s table, plus files outside the two
 never touches. The cache is written by hand because huggingface_hub only fills it from a live Hub; blob names, the
 LFS pointer ``blob_id`` and the tree listing follow what ``snapshot_download`` itself stores. The commit id is a sha1
 over the repo's file list, so it is a pure function of the seed.
+
+``place_release_in_hub_cache`` (``--hub-repo ORG/NAME``) puts the built release itself into that cache the same way,
+as a Hub repo at a commit, so a Hub reference (``--release ORG/NAME@revision``) is testable offline.
 
 Same seed -> byte-identical files. Every tensor is drawn from one seeded CPU ``torch.Generator`` per component, in
 sorted-name order, at a scale that keeps the tiny models' outputs finite and non-trivial.
@@ -35,6 +39,7 @@ import torch
 from safetensors.torch import save as safetensors_bytes
 
 from h3batch.cli_args import OneLineArgumentParser
+from h3batch.core.geometry import TINY_CANVAS
 from h3batch.worker.h3 import contract
 from h3batch.worker.h3.config import DIFFUSERS_TO_NATIVE_FIELD, T2, H3Config
 from h3batch.worker.h3.tiny_configs import TINY_AUDIO_VAE, TINY_TEXT_ENCODER, TINY_TEXT_HIDDEN_LAYER, TINY_VIDEO_VAE
@@ -387,6 +392,20 @@ def write_hub_cache(cache_dir: Path, repo_id: str, files: dict[str, bytes]) -> t
     return commit, snapshot
 
 
+def release_files(release_dir: Path) -> dict[str, bytes]:
+    """Every file of a release directory (repo path -> bytes), as a Hub repo of it would hold them."""
+    return {path.relative_to(release_dir).as_posix(): path.read_bytes()
+            for path in sorted(release_dir.rglob("*")) if path.is_file()}
+
+
+def place_release_in_hub_cache(release_dir: str | Path, cache_dir: str | Path,
+                               repo_id: str = TINY_ENTRY.model_id) -> tuple[str, Path]:
+    """Put a built release into ``cache_dir`` as Hub repo ``repo_id`` at a commit (``refs/main`` points at it), as
+    ``snapshot_download`` would have left it; returns (commit, snapshot). Lets ``--release org/name@revision`` be
+    tested offline with ``HF_HUB_OFFLINE=1``."""
+    return write_hub_cache(Path(cache_dir), repo_id, release_files(Path(release_dir)))
+
+
 def default_hf_cache(release_dir: Path) -> Path:
     env = os.environ.get("HF_HUB_CACHE")
     return Path(env) if env else release_dir.resolve().parent / "hf-cache"
@@ -404,6 +423,7 @@ def build_tiny_release(out: str | Path, hf_cache: str | Path | None = None, seed
     _write(release / contract.CONTRACT_FILE, _json_bytes(TINY_ENTRY.contract.as_json()))
     _write(release / contract.PROVENANCE_FILE, _json_bytes({"base_model": f"{contract.PROVENANCE_PREFIX}{commit}"}))
     _write(release / contract.MODULAR_INDEX_FILE, _json_bytes(_modular_index(TINY_ENTRY.model_id)))
+    _write(release / contract.CANVAS_FILE, _json_bytes(TINY_CANVAS.as_json()))  # 256x128: fast on a CPU
     _write_transformer(release, seed)
     _write_text_encoder(release, seed)
     _write_schedulers(release)
@@ -416,6 +436,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hf-cache", default=None, help="Hugging Face hub cache for the tiny base repo "
                         "(default: $HF_HUB_CACHE, else OUT/../hf-cache)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (same seed -> byte-identical files)")
+    parser.add_argument("--hub-repo", default=None, metavar="ORG/NAME",
+                        help=f"also place the release in the hub cache as this repo (e.g. {TINY_ENTRY.model_id}), "
+                             "so `--release ORG/NAME` resolves offline")
     args = parser.parse_args(argv)
     try:
         built = build_tiny_release(args.out, args.hf_cache, args.seed)
@@ -426,4 +449,7 @@ def main(argv: list[str]) -> int:
         f"tiny release {TINY_ENTRY.model_id} in {built.release_dir} ({built.seconds:.1f} s); base "
         f"{built.base_repo_id}@{built.base_commit} in {built.hf_cache}"
     )
+    if args.hub_repo:
+        commit, _ = place_release_in_hub_cache(built.release_dir, built.hf_cache, args.hub_repo)
+        print(f"hub repo {args.hub_repo}@{commit} in {built.hf_cache}")
     return 0
