@@ -200,7 +200,9 @@ class Pipeline:
         audio_vae = vae_checkpoint_convert.load_audio_vae(base.root).to(device).eval()
         pipe = cls(info, dit, text, video_vae, audio_vae, device, provenance)
         if cuda:
-            pipe.warm_up(warm_up if warm_up is not None else (RenderRequest(prompt="warm-up"),))
+            canvas = pipe.canvas
+            default = RenderRequest(prompt="warm-up", width=canvas.default_width, height=canvas.default_height)
+            pipe.warm_up(warm_up if warm_up is not None else (default,))
         return pipe
 
     def geometry(self, req: RenderRequest) -> RequestGeometry:
