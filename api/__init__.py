@@ -15,6 +15,12 @@ log = logging.getLogger("h3batch.api")
 
 _REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
+_FROM_SETTINGS = ("redis_url", "max_queued", "max_prompt_chars", "max_run_s", "result_ttl_s", "api_threads",
+                  "wait_max", "wait_max_per_key", "sse_max_streams", "sse_max_streams_per_key", "sse_max_s",
+                  "sse_keepalive_s", "openai_model", "canvas", "sweep_queue")
+"""Settings fields the API reads as they are, under their names in capitals (`CANVAS`: a name of
+core.geometry.CANVAS_PROFILES); the rest are converted below."""
+
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
     """Build the API: defaults from the one Settings (H3BATCH_* env vars, read here once), overlaid by `config`
@@ -25,25 +31,11 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
 
     app = Flask(__name__)
     settings = Settings.from_env()
+    app.config.from_mapping({name.upper(): getattr(settings, name) for name in _FROM_SETTINGS})
     app.config.from_mapping(
-        REDIS_URL=settings.redis_url,
         ARTIFACTS_DIR=str(settings.artifacts_dir),
         API_KEYS=list(settings.api_keys),
-        MAX_QUEUED=settings.max_queued,
-        MAX_PROMPT_CHARS=settings.max_prompt_chars,
-        MAX_RUN_S=settings.max_run_s,
-        RESULT_TTL_S=settings.result_ttl_s,
-        API_THREADS=settings.api_threads,
-        WAIT_MAX=settings.wait_max,
-        WAIT_MAX_PER_KEY=settings.wait_max_per_key,
-        SSE_MAX_STREAMS=settings.sse_max_streams,
-        SSE_MAX_STREAMS_PER_KEY=settings.sse_max_streams_per_key,
-        SSE_MAX_S=settings.sse_max_s,
-        SSE_KEEPALIVE_S=settings.sse_keepalive_s,
-        OPENAI_MODEL=settings.openai_model,
-        CANVAS=settings.canvas,  # a name of core.geometry.CANVAS_PROFILES
         SWEEP_RESULTS_DIR=str(settings.sweep_results_dir),
-        SWEEP_QUEUE=settings.sweep_queue,
         RATE_LIMITS=RateLimits(settings.rate_creates_per_min, settings.rate_reads_per_min),
         WEBHOOKS=WebhookSettings.from_settings(settings),
     )

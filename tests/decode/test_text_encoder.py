@@ -1,6 +1,8 @@
 """TextEncoder against an independently run tiny Qwen3-VL (spec §8)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -131,25 +133,25 @@ def test_rejects_hidden_layer_outside_stored_range(tiny_text_dirs, layer):
 def test_loader_rejects_checkpoint_missing_a_kept_tensor(tiny_text_dirs, tmp_path):
     """A checkpoint without a tensor of a kept layer raises ValueError naming it instead of random-initialising it."""
     text_dir, tok_dir = tiny_text_dirs
-    broken = tmp_path / "text_encoder"
-    broken.mkdir()
-    (broken / "config.json").write_text((text_dir / "config.json").read_text())
     state = load_file(text_dir / "model.safetensors")
-    dropped = next(key for key in state if "language_model.layers.0.mlp.up_proj" in key)
-    del state[dropped]
-    save_file(state, broken / "model.safetensors", metadata={"format": "pt"})
+    del state[next(key for key in state if "language_model.layers.0.mlp.up_proj" in key)]
     with pytest.raises(ValueError, match="missing.*layers.0.mlp.up_proj"):
-        TextEncoder.load(broken, tok_dir, TINY_TEXT_HIDDEN_LAYER, "cpu")
+        TextEncoder.load(_edited_checkpoint(text_dir, tmp_path, state), tok_dir, TINY_TEXT_HIDDEN_LAYER, "cpu")
 
 
 def test_loader_rejects_checkpoint_with_unknown_tensor(tiny_text_dirs, tmp_path):
     """A tensor the model does not know (other than the dropped deeper layers) raises ValueError naming it."""
     text_dir, tok_dir = tiny_text_dirs
-    odd = tmp_path / "text_encoder"
-    odd.mkdir()
-    (odd / "config.json").write_text((text_dir / "config.json").read_text())
     state = load_file(text_dir / "model.safetensors")
     state["model.language_model.extra_gate.weight"] = torch.zeros(4, 4, dtype=torch.bfloat16)
-    save_file(state, odd / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match="unknown.*extra_gate"):
-        TextEncoder.load(odd, tok_dir, 1, "cpu")
+        TextEncoder.load(_edited_checkpoint(text_dir, tmp_path, state), tok_dir, 1, "cpu")
+
+
+def _edited_checkpoint(text_dir, tmp_path, state) -> Path:
+    """A text_encoder/ folder with the tiny config and `state` as its weights."""
+    out = tmp_path / "text_encoder"
+    out.mkdir()
+    (out / "config.json").write_text((text_dir / "config.json").read_text())
+    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+    return out
