@@ -121,7 +121,7 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "shared directory for MP4s (worker writes, API reads and deletes)"),
     ("H3BATCH_RELEASE", "release_dir", "var/tiny-release", _path, "service", "release directory the worker serves"),
     ("H3BATCH_MAX_RUN_S", "max_run_s", "600", _positive_int, "service",
-     "longest render; visibility timeout is twice this"),
+     "longest render: a job claimed longer ago fails `run_deadline`; visibility timeout is twice this"),
     ("H3BATCH_RESULT_TTL_S", "result_ttl_s", "86400", _positive_int, "service",
      "seconds a finished MP4 stays downloadable"),
     ("H3BATCH_MAX_QUEUED", "max_queued", "1000", _positive_int, "service",
@@ -162,6 +162,9 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "worker name in heartbeats and job records"),
     ("H3BATCH_STALL_S", "stall_s", "60", _non_negative_float, "worker",
      "seconds a worker may sit idle while work waits before it exits to be restarted (0: never)"),
+    ("H3BATCH_RENDER_STALL_S", "render_stall_s", "300", _non_negative_float, "worker",
+     "run deadline: a render that reports no progress (stage or denoise step) for this long fails `run_deadline` "
+     "(0: no stall limit; H3BATCH_MAX_RUN_S still bounds the whole run)"),
     ("H3BATCH_DEBUG_STEP_DELAY_S", "debug_step_delay_s", "0", _non_negative_float, "worker",
      "test knob: the worker sleeps this long at each progress report (widens cancel windows in tests)"),
     # webhooks (API vets URLs, workers deliver)
@@ -240,6 +243,7 @@ class Settings:
     ranks: str = "1"
     worker_name: str = ""
     stall_s: float = 60.0
+    render_stall_s: float = 300.0
     debug_step_delay_s: float = 0.0
     webhook_secret: str | None = field(default=None, repr=False)
     webhook_allow_loopback: bool = False
