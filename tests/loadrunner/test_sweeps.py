@@ -221,3 +221,52 @@ def test_import_footprint(code, absent):
                             cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+def test_the_sweep_app_keeps_its_messages_out_of_the_gpu_apps_unacked_restore(redis_url):
+    """The two Celery apps on one Redis DB (as compose and `make serve` run them): the sweep app's queue and its
+    `unacked` hash carry its own key prefix, so the GPU app's restore of unacked messages by its short visibility
+    timeout (2 x H3BATCH_MAX_RUN_S; 2 s here) never re-queues a long sweep point taken by a sweep worker."""
+    from h3batch.core.celery_app import make_celery
+    from h3batch.loadrunner.celery_app import KEY_PREFIX, make_app
+
+    url = redis_url.rsplit("/", 1)[0] + "/13"
+    r = redis.Redis.from_url(url, decode_responses=True)
+    r.flushdb()
+    sweeps, gpu = make_app(SweepSettings(redis_url=url)), make_celery(url, max_run_s=1)
+    try:
+        sweeps.send_task("loadrunner.run_point", args=["sw_0000000000000000", "p0"], queue="loadrunner")
+        assert r.llen(f"{KEY_PREFIX}loadrunner") == 1 and not r.exists("loadrunner")
+        with sweeps.connection_for_read() as conn:
+            taken = conn.default_channel.basic_get("loadrunner", no_ack=False)  # a sweep worker took the point
+            assert taken is not None
+            assert r.hlen(f"{KEY_PREFIX}unacked") == 1 and not r.exists("unacked")
+            time.sleep(2.5)
+            with gpu.connection_for_read() as gpu_conn:
+                gpu_conn.default_channel.qos.restore_visible()  # what every GPU worker runs at start and shutdown
+            assert r.llen(f"{KEY_PREFIX}loadrunner") == 0 and r.hlen(f"{KEY_PREFIX}unacked") == 1
+        assert sweeps.conf.task_time_limit and sweeps.conf.task_time_limit < \
+            sweeps.conf.broker_transport_options["visibility_timeout"]
+    finally:
+        sweeps.close(), gpu.close()
+        r.flushdb()
+        r.close()
+
+
+def test_a_redelivered_point_is_not_run_twice(redis_url):
+    """The re-run guard of `run_point`: the first delivery of a point claims it; a second one (broker restore,
+    duplicate message) while it runs is refused, and so is any delivery once the point has a finished record."""
+    from h3batch.loadrunner.sweep_store import PointStatus, put_point
+    from h3batch.loadrunner.sweep_tasks import claim_point
+
+    r = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/13", decode_responses=True)
+    r.flushdb()
+    try:
+        create_sweep(r, "sw_00000000000000aa", {"url": "ws://127.0.0.1:1/"}, ["p0", "p1"], "test")
+        assert claim_point(r, "sw_00000000000000aa", "p0") is True
+        assert claim_point(r, "sw_00000000000000aa", "p0") is False  # running elsewhere
+        put_point(r, "sw_00000000000000aa", {"id": "p1", "status": PointStatus.PASSED.value})
+        assert claim_point(r, "sw_00000000000000aa", "p1") is False  # already measured
+    finally:
+        r.flushdb()
+        r.close()
