@@ -39,6 +39,8 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         OPENAI_MODEL=settings.openai_model,
         SWEEP_RESULTS_DIR=str(settings.sweep_results_dir),
         SWEEP_QUEUE=settings.sweep_queue,
+        SWEEP_ALLOW_LOOPBACK=settings.sweep_allow_loopback,
+        SWEEP_ALLOW_PRIVATE=settings.sweep_allow_private,
         RATE_LIMITS=RateLimits(settings.rate_creates_per_min, settings.rate_reads_per_min),
         WEBHOOKS=WebhookSettings.from_settings(settings),
     )

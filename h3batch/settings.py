@@ -196,6 +196,12 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "per-sweep directories: point reports, summary JSON/CSV, PNG plots"),
     ("H3BATCH_SWEEP_QUEUE", "sweep_queue", "loadrunner", _text, "loadrunner",
      "Celery queue consumed by `h3batch sweep-worker`"),
+    ("H3BATCH_SWEEP_ALLOW_LOOPBACK", "sweep_allow_loopback", "0", _flag, "loadrunner",
+     "accept POST /sweeps target URLs on loopback addresses (the local demo sets 1); vetted like webhook URLs"),
+    ("H3BATCH_SWEEP_ALLOW_PRIVATE", "sweep_allow_private", "0", _flag, "loadrunner",
+     "accept POST /sweeps target URLs on private-range addresses (a load target inside your network)"),
+    ("H3BATCH_SWEEP_INPUTS_DIR", "sweep_inputs_dir", "<results dir>/inputs", _path, "loadrunner",
+     "the named input set: a sweep's `input_wav` is the name of a WAV file in this directory (never a path)"),
     ("H3BATCH_SWEEP_SCHEDULE", "sweep_schedule", "(empty: no scheduled sweeps)", _text, "loadrunner",
      "beat schedule: JSON text, or a path to a JSON file"),
     ("H3BATCH_BEAT_LOCK_TTL_S", "beat_lock_ttl_s", "30", _beat_lock_ttl, "loadrunner",
@@ -257,6 +263,9 @@ class Settings:
     vsa_preload: str | None = None
     sweep_results_dir: Path = Path("./sweep-results")
     sweep_queue: str = "loadrunner"
+    sweep_allow_loopback: bool = False
+    sweep_allow_private: bool = False
+    sweep_inputs_dir: Path | None = None
     sweep_schedule: str = ""
     beat_lock_ttl_s: int = 30
     beat_schedule_file: Path | None = None

@@ -9,7 +9,6 @@ import argparse
 import math
 from dataclasses import dataclass
 
-
 DEFAULT_URL = "ws://127.0.0.1:8099/v1/realtime?duplex=1"
 DEFAULT_OUTPUT_DIR = "./duplex-results"
 DEFAULT_VOICE = "NATF2.pt"

@@ -87,8 +87,8 @@ def execute_point(settings: SweepSettings, r: redis.Redis, sweep_id: str, point_
     sweep_dir = settings.results_dir / sweep_id
     point_dir = sweep_dir / point_id
     point_dir.mkdir(parents=True, exist_ok=True)
-    if request.input_wav:
-        input_wav = request.input_wav
+    if request.input_wav:  # a validated name (sweep_spec.INPUT_NAME_RE), resolved inside the named input set
+        input_wav = str(settings.input_set_dir / request.input_wav)
     else:
         input_wav = str(sweep_dir / BUILTIN_INPUT)
         if not Path(input_wav).exists():
