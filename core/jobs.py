@@ -385,8 +385,8 @@ def prune_indexes(r: redis.Redis, *, now: float | None = None, batch: int = 500)
         for job_id, owner in gone:
             _unindex(pipe, job_id, owner)
         for (job_id, owner), exists in zip(pairs, alive):
-            if exists:  # still there (TTL renewed by a later transition, which re-noted it): look again later
-                pipe.zadd(keys.EXPIRY, {f"{job_id}:{owner}": now + 60}, xx=True, gt=True)
+            if exists:  # still there (its TTL ends a moment after the score, or a later transition renewed it): look again soon
+                pipe.zadd(keys.EXPIRY, {f"{job_id}:{owner}": now + 2}, xx=True, gt=True)
         pipe.execute()
     return [job_id for job_id, _ in gone]
 

@@ -91,7 +91,8 @@ class Heartbeat(threading.Thread):
             return []  # another worker ran the reaper within the interval
         report = reaper.reap(self.r, self.resend, grace_s=max(self.settings.lease_ttl_s, 1.0),
                              record_ttl_s=self.settings.result_ttl_s + defaults.RECORD_GRACE_S)
-        reaper.collect_garbage(self.r, self.settings.artifacts_dir)
+        reaper.collect_garbage(self.r, self.settings.artifacts_dir,
+                               orphan_age_s=self.settings.result_ttl_s + defaults.RECORD_GRACE_S)
         if report.requeued:
             log.warning("re-enqueuing job whose worker lost its lease", extra={"job_id": ",".join(report.requeued)})
         return report.requeued + report.resent

@@ -76,7 +76,8 @@ def test_the_reaper_removes_files_of_expired_and_missing_records_and_prunes_the_
     """Artifact garbage collection, against a live worker (reaper every 0.5 s, heartbeat 1 s): a completed job whose
     `expires_at` passed becomes `expired` and its MP4 directory goes; a cancelled job whose record TTL ran out (1 s)
     loses its leftover directory and its entries in the global, per-owner and per-status indexes; a directory with
-    no record at all goes too. Each within one reaper period plus a heartbeat."""
+    no record and no expiry trace goes once older than a record can live. Each within one reaper period plus a
+    heartbeat."""
     stack = stack_factory()
     api = stack.start_api()
     r = stack.redis.client()
@@ -93,10 +94,15 @@ def test_the_reaper_removes_files_of_expired_and_missing_records_and_prunes_the_
     jobs.request_cancel(r, short, record_ttl_s=1)
     (stack.artifacts / short).mkdir()
     (stack.artifacts / short / ".attempt-1.mp4").write_bytes(b"left by a killed worker")
-    orphan = stack.artifacts / "job_000000000000000000000000"
+    orphan = stack.artifacts / "job_000000000000000000000000"  # no record, no trace: lost with a Redis crash
     orphan.mkdir()
-    assert _wait_gone(stack.artifacts / short) < 4
+    young = stack.artifacts / "job_111111111111111111111111"
+    young.mkdir()
+    two_days_ago = time.time() - 2 * 86_400  # older than any record lives (RESULT_TTL_S + RECORD_GRACE_S)
+    os.utime(orphan, (two_days_ago, two_days_ago))
+    assert _wait_gone(stack.artifacts / short) < 6
     assert _wait_gone(orphan) < 3
+    assert young.is_dir()  # an unknown directory younger than a record's lifetime is left alone
     assert not r.exists(f"h3b:job:{short}")
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline and r.zscore(keys.JOBS_INDEX, short) is not None:
