@@ -131,9 +131,13 @@ def test_serve_runs_its_own_persistent_redis_and_restarts_a_killed_worker_and_ap
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc.poll() is None:  # SIGINT first: serve stops its children (each in its own session) itself
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         log.close()
     assert proc.returncode == 0, output()[-3000:]
     assert port_closed(port) and port_closed(redis_port)
