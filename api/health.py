@@ -13,6 +13,8 @@ from h3batch.core import defaults, keys
 bp = Blueprint("health", __name__)
 
 LIVE_WORKER_STATES = ("READY", "BUSY")
+STALLED_STATE = "STALLED"
+"""A worker whose render hit its run deadline and has not stopped yet (worker/deadline.py): not counted, reported."""
 
 
 @bp.get("/healthz")
@@ -21,8 +23,9 @@ def healthz():
     return jsonify({"status": "ok"})
 
 
-def live_workers(r: redis.Redis) -> list[dict]:
-    """Heartbeats younger than HEARTBEAT_TTL_S in a live state (keys expire on their own; the age check is a guard)."""
+def live_workers(r: redis.Redis, states: tuple[str, ...] = LIVE_WORKER_STATES) -> list[dict]:
+    """Heartbeats younger than HEARTBEAT_TTL_S in one of `states` (keys expire on their own; the age check is a
+    guard)."""
     now = time.time()
     workers = []
     for key in r.scan_iter(match=keys.WORKER_PATTERN, count=100):
@@ -30,21 +33,24 @@ def live_workers(r: redis.Redis) -> list[dict]:
         if not raw:
             continue
         beat = json.loads(raw)
-        if beat.get("state") in LIVE_WORKER_STATES and now - float(beat.get("ts", 0)) < defaults.HEARTBEAT_TTL_S:
+        if beat.get("state") in states and now - float(beat.get("ts", 0)) < defaults.HEARTBEAT_TTL_S:
             workers.append(beat)
     return workers
 
 
 @bp.get("/readyz")
 def readyz():
-    """200 when Redis answers and >= 1 worker heartbeat is fresh; else 503 with per-check detail."""
+    """200 when Redis answers and >= 1 worker heartbeat is fresh; else 503 with per-check detail. Workers whose
+    render hit its run deadline are listed under `checks.workers.stalled` and not counted."""
     checks: dict[str, dict] = {}
     try:
         get_redis().ping()
         checks["redis"] = {"ok": True}
-        workers = live_workers(get_redis())
+        beats = live_workers(get_redis(), LIVE_WORKER_STATES + (STALLED_STATE,))
+        workers = [w for w in beats if w.get("state") != STALLED_STATE]
         checks["workers"] = {"ok": bool(workers), "count": len(workers),
-                             "releases": sorted({w.get("release_id", "") for w in workers})}
+                             "releases": sorted({w.get("release_id", "") for w in workers}),
+                             "stalled": sorted(w.get("name", "") for w in beats if w.get("state") == STALLED_STATE)}
     except redis.exceptions.RedisError as exc:
         checks["redis"] = {"ok": False, "detail": type(exc).__name__}
         checks["workers"] = {"ok": False, "count": 0, "detail": "unknown while Redis is unreachable"}

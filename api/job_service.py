@@ -111,13 +111,14 @@ def _create_and_enqueue(caller: Caller, req: CreateJob, api: str) -> dict[str, A
     400/422 webhook_url refused, 503 queue_full or storage_unavailable."""
     if req.webhook_url is not None:
         caller.vet_webhook_url(req.webhook_url)  # before anything is written
-    if store.queued_count(caller.r) >= caller.max_queued:
-        raise ApiError(503, "queue_full", f"{caller.max_queued} jobs are queued; retry later", True,
-                       {"Retry-After": str(defaults.QUEUE_FULL_RETRY_AFTER_S)})
     spec = JobSpec(prompt=req.prompt, seconds=float(req.seconds), width=req.width, height=req.height,
                    seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
                    owner=caller.owner, webhook_url=req.webhook_url, api=api)
-    record = store.create_job(caller.r, spec)
+    try:
+        record = store.create_job(caller.r, spec, max_queued=caller.max_queued)  # cap and write in one step
+    except store.QueueFull:
+        raise ApiError(503, "queue_full", f"{caller.max_queued} jobs are queued; retry later", True,
+                       {"Retry-After": str(defaults.QUEUE_FULL_RETRY_AFTER_S)}) from None
     try:
         caller.send_render(record["id"])
     except Exception as exc:  # noqa: BLE001  # broker refused the message: the job must not sit queued forever

@@ -8,10 +8,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from flask import Blueprint, current_app, jsonify, request, send_from_directory, url_for
+from flask import Blueprint, current_app, g, jsonify, request, send_from_directory, url_for
 
 from h3batch.api.errors import ApiError
 from h3batch.api.redis_client import get_redis
+from h3batch.core.webhook_urls import WebhookRefused, WebhookSettings, check_url
 from h3batch.loadrunner import sweep_store
 from h3batch.loadrunner.sweep_settings import DEFAULT_QUEUE, DEFAULT_RESULTS_DIR, SweepSettings
 from h3batch.loadrunner.sweep_spec import new_sweep_id, parse_sweep_request, points
@@ -63,9 +64,31 @@ def _checked_id(sweep_id: str) -> str:
     return sweep_id
 
 
+def _owned(sweep_id: str) -> dict:
+    """The caller's sweep (or a scheduled one) with its points. Raises 404 sweep_not_found, also for another key's."""
+    record = sweep_store.get_sweep(get_redis(), _checked_id(sweep_id))
+    if record is None or not sweep_store.visible_to(record, g.owner):
+        raise ApiError(404, "sweep_not_found", f"no sweep {sweep_id!r}")
+    return record
+
+
+def _vet_target(url: str) -> None:
+    """The target URL passes the webhook rules (core/webhook_urls.py: no link-local, metadata or reserved
+    addresses; loopback and private ranges only when H3BATCH_SWEEP_ALLOW_LOOPBACK / _PRIVATE say so), checked here
+    at submission so a refused URL is never contacted. Raises 400 invalid_sweep."""
+    rules = WebhookSettings(allow_loopback=current_app.config.get("SWEEP_ALLOW_LOOPBACK", False),
+                            allow_private=current_app.config.get("SWEEP_ALLOW_PRIVATE", False))
+    try:
+        check_url("http" + url[2:], rules)  # ws:// -> http://, wss:// -> https://: same host and port rules
+    except WebhookRefused as exc:
+        message = str(exc).replace("webhook_url", "url", 1).replace("H3BATCH_WEBHOOK_", "H3BATCH_SWEEP_")
+        raise ApiError(400, "invalid_sweep", message) from None
+
+
 @bp.post("")
 def create_sweep():
-    """Validate a grid, record the sweep, queue it; 202 with its id. Raises 400 invalid_sweep."""
+    """Validate a grid and vet its target, record the sweep as the caller's, queue it; 202 with its id. Raises 400
+    invalid_sweep."""
     body = request.get_json(silent=True)
     if body is None:
         raise ApiError(400, "invalid_sweep", "expected a JSON object body (Content-Type: application/json)")
@@ -73,9 +96,10 @@ def create_sweep():
         parsed = parse_sweep_request(body)
     except ValueError as exc:
         raise ApiError(400, "invalid_sweep", str(exc)) from None
+    _vet_target(parsed.url)
     sweep_id = new_sweep_id()
     record = sweep_store.create_sweep(get_redis(), sweep_id, parsed.to_dict(), [p.id for p in points(parsed)],
-                                      "api")
+                                      "api", owner=g.owner)
     _celery().send_task("loadrunner.start_sweep", args=[parsed.to_dict(), sweep_id, "api"], queue=_queue())
     response = jsonify({**record, "links": _links(record)})
     response.status_code = 202
@@ -90,23 +114,21 @@ def list_sweeps():
     # isdigit() alone admits "²" and "٣", which int() then refuses or reads: plain ASCII digits, at most 3 of them.
     if not (raw.isascii() and raw.isdigit() and len(raw) <= 3) or not 1 <= int(raw) <= 200:
         raise ApiError(400, "invalid_limit", f"limit must be an integer in [1,200], got {raw[:40]!r}")
-    records = sweep_store.list_sweeps(get_redis(), int(raw))
+    records = sweep_store.list_sweeps(get_redis(), int(raw), owner=g.owner)
     return jsonify({"sweeps": [{**rec, "links": _links(rec)} for rec in records]})
 
 
 @bp.get("/<sweep_id>")
 def get_sweep(sweep_id: str):
-    """Status, per-point results and links to plots and JSON. Raises 404 sweep_not_found."""
-    record = sweep_store.get_sweep(get_redis(), _checked_id(sweep_id))
-    if record is None:
-        raise ApiError(404, "sweep_not_found", f"no sweep {sweep_id!r}")
+    """Status, per-point results and links to plots and JSON. Raises 404 sweep_not_found (also another key's)."""
+    record = _owned(sweep_id)
     return jsonify({**record, "links": _links(record)})
 
 
 @bp.get("/<sweep_id>/files/<path:name>")
 def get_file(sweep_id: str, name: str):
     """A sweep's PNG plot, summary JSON/CSV or a point's load-result.json. Raises 404 file_not_found."""
-    _checked_id(sweep_id)
+    _owned(sweep_id)
     if not _FILE.match(name):
         raise ApiError(404, "file_not_found", f"no file {name!r} in sweep {sweep_id}")
     directory = _results_dir().resolve() / sweep_id

@@ -39,7 +39,14 @@ QUEUE_FULL_RETRY_AFTER_S = 30
 """Retry-After sent with 503 queue_full (the OpenAI SDK gives up above 120)."""
 
 MAX_RUN_S = 600
-"""Longest a render may run; sizes the broker visibility timeout (2x this) and the job lease."""
+"""Longest a render may run (past it the job fails `run_deadline`); the broker visibility timeout is 2x this."""
+
+RENDER_STALL_S = 300.0
+"""A render that reports no progress for this long fails `run_deadline` (H3BATCH_RENDER_STALL_S; worker/deadline.py)."""
+
+RUN_STOP_GRACE_S = 5.0
+"""After the run deadline fires, how long the render may take to reach a step boundary and stop before the worker
+process exits to be replaced (a thread stuck in native code cannot be stopped from Python)."""
 
 RESULT_TTL_S = 86_400
 """Seconds a finished job's MP4 stays downloadable (`expires_at` = finished_at + this)."""

@@ -140,30 +140,54 @@ def _emit(pipe: redis.client.Pipeline, job_id: str, event: str, data: dict[str, 
               maxlen=EVENTS_KEPT, approximate=True)
 
 
-def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None) -> dict[str, Any]:
-    """Write a queued record, index it and put it in the queue zset (one transaction); returns the record.
+class QueueFull(Exception):
+    """create_job refused: `max_queued` jobs are already queued (nothing was written)."""
 
-    The record exists before any Celery message does, so an immediate GET never 404s.
+
+# One atomic step: refuse when the queue holds `cap` jobs, else number the job and write record, indexes, queue
+# entry and first event. A check in Python before a MULTI lets concurrent creates all pass the check (issue 17 #9).
+# KEYS: queue, seq, record, jobs index, owner index, owner-status(queued) index, events.
+# ARGV: cap (0: none), job id, event data, events kept, then the record's field/value pairs.
+_CREATE = """
+local cap = tonumber(ARGV[1])
+if cap > 0 and redis.call('zcard', KEYS[1]) >= cap then return -1 end
+local seq = redis.call('incr', KEYS[2])
+redis.call('hset', KEYS[3], 'seq', seq, unpack(ARGV, 5))
+redis.call('zadd', KEYS[4], seq, ARGV[2])
+redis.call('zadd', KEYS[5], seq, ARGV[2])
+redis.call('zadd', KEYS[6], seq, ARGV[2])
+redis.call('zadd', KEYS[1], seq, ARGV[2])
+redis.call('xadd', KEYS[7], 'MAXLEN', '~', ARGV[4], '*', 'event', 'status', 'data', ARGV[3])
+return seq
+"""
+
+
+def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None,
+               max_queued: int | None = None) -> dict[str, Any]:
+    """Write a queued record, index it and put it in the queue zset (one Lua script); returns the record.
+
+    With `max_queued`, raises QueueFull instead when that many jobs are queued, in the same atomic step, so
+    concurrent creates can never overshoot the cap. The record exists before any Celery message does, so an
+    immediate GET never 404s.
     """
     now = time.time() if now is None else now
     job_id = new_job_id()
-    seq = int(r.incr(keys.SEQ))
     record = {
         "id": job_id, "status": JobStatus.QUEUED, "stage": Stage.QUEUED, "step": 0,
         "total_steps": defaults.TOTAL_STEPS, "progress": 0.0, "prompt": spec.prompt, "seconds": spec.seconds,
         "width": spec.width, "height": spec.height, "seed": spec.seed, "release": spec.release,
-        "owner": spec.owner, "seq": seq, "created_at": now, "attempt": 0,
+        "owner": spec.owner, "created_at": now, "attempt": 0,
     }
     if spec.webhook_url:
         record["webhook_url"] = spec.webhook_url
     if spec.api != "jobs":
         record["api"] = spec.api
-    with r.pipeline(transaction=True) as pipe:
-        pipe.hset(keys.job(job_id), mapping=_encode(record))
-        pipe.zadd(keys.JOBS_INDEX, {job_id: seq})
-        pipe.zadd(keys.QUEUE, {job_id: seq})
-        _emit(pipe, job_id, "status", {"status": JobStatus.QUEUED.value})
-        pipe.execute()
+    pairs = [item for field_value in _encode(record).items() for item in field_value]
+    seq = r.eval(_CREATE, 7, keys.QUEUE, keys.SEQ, keys.job(job_id), keys.JOBS_INDEX, keys.owner_jobs(spec.owner),
+                 keys.owner_status(spec.owner, JobStatus.QUEUED.value), keys.events(job_id),
+                 max_queued or 0, job_id, json.dumps({"status": JobStatus.QUEUED.value}), EVENTS_KEPT, *pairs)
+    if int(seq) < 0:
+        raise QueueFull(f"{max_queued} jobs are queued")
     return load_job(r, job_id)  # type: ignore[return-value]
 
 
@@ -194,7 +218,9 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
       1. HSET status plus `fields` (and `finished_at` on a finished status);
       2. ZREM from the queue zset when leaving `queued`; ZADD to / ZREM from the running zset around `in_progress`;
       3. XADD a `status` event (`completed`, `failed` or `cancelled` for those) to the job's event stream;
-      4. on a finished status, EXPIRE record and stream after `record_ttl_s` and PUBLISH on its done channel.
+      4. move the id from the owner's index of the old status to the new one's;
+      5. on a finished status, EXPIRE record and stream after `record_ttl_s` (noting when in `h3b:expiry`, so the
+         reaper can drop the index entries once the record is gone) and PUBLISH on its done channel.
     """
     key = keys.job(job_id)
     now = time.time() if now is None else now
@@ -202,7 +228,7 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
         while True:
             try:
                 pipe.watch(key)
-                current = pipe.hmget(key, ["status", "attempt", "seq"])
+                current = pipe.hmget(key, ["status", "attempt", "seq", "owner"])
                 if current[0] is None:
                     pipe.unwatch()
                     return None
@@ -229,6 +255,10 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
                     pipe.zadd(keys.RUNNING, {job_id: now})
                 elif status is JobStatus.IN_PROGRESS:
                     pipe.zrem(keys.RUNNING, job_id)
+                owner = current[3] or ""
+                if to is not status:
+                    pipe.zrem(keys.owner_status(owner, status.value), job_id)
+                    pipe.zadd(keys.owner_status(owner, to.value), {job_id: int(current[2] or 0)})
                 event = to.value if to.value in TERMINAL_EVENTS else "status"
                 payload = {"status": to.value, **{k: update[k] for k in _EVENT_FIELDS if k in update}}
                 _emit(pipe, job_id, event, {k: (v.value if isinstance(v, enum.Enum) else v)
@@ -237,6 +267,7 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
                     if record_ttl_s is not None:
                         pipe.expire(key, record_ttl_s)
                         pipe.expire(keys.events(job_id), record_ttl_s)
+                        pipe.zadd(keys.EXPIRY, {f"{job_id}:{owner}": now + record_ttl_s})
                     pipe.publish(keys.done_channel(job_id), to.value)
                 if hook:
                     pipe.zadd(keys.WEBHOOKS_DUE, {f"{job_id}:{to.value}": now})
@@ -316,15 +347,48 @@ def cancel_requested(r: redis.Redis, job_id: str) -> bool:
 
 def delete_job(r: redis.Redis, job_id: str) -> bool:
     """Remove the record and its index entries; a running job's worker sees the record gone and stops."""
+    owner = r.hget(keys.job(job_id), "owner") or ""
     with r.pipeline(transaction=True) as pipe:
         pipe.delete(keys.job(job_id))
-        pipe.zrem(keys.JOBS_INDEX, job_id)
+        _unindex(pipe, job_id, owner)
         pipe.zrem(keys.QUEUE, job_id)
         pipe.zrem(keys.RUNNING, job_id)
         pipe.delete(keys.events(job_id))
         pipe.publish(keys.done_channel(job_id), "deleted")
         removed = pipe.execute()[0]
     return bool(removed)
+
+
+def _unindex(pipe: redis.client.Pipeline, job_id: str, owner: str) -> None:
+    """Queue the removal of a job id from every listing index (global, the owner's, each owner-status one)."""
+    pipe.zrem(keys.JOBS_INDEX, job_id)
+    pipe.zrem(keys.owner_jobs(owner), job_id)
+    for status in JobStatus:
+        pipe.zrem(keys.owner_status(owner, status.value), job_id)
+    pipe.zrem(keys.EXPIRY, f"{job_id}:{owner}")
+
+
+def prune_indexes(r: redis.Redis, *, now: float | None = None, batch: int = 500) -> list[str]:
+    """Drop the index entries of finished jobs whose record has expired (the reaper's index pass); returns their
+    ids. Looks only at `h3b:expiry` entries that are due, so a pass costs O(expired), not O(jobs)."""
+    now = time.time() if now is None else now
+    members = r.zrangebyscore(keys.EXPIRY, "-inf", now, start=0, num=batch)
+    if not members:
+        return []
+    pairs = [tuple(member.split(":", 1)) if ":" in member else (member, "") for member in members]
+    with r.pipeline(transaction=False) as pipe:
+        for job_id, _ in pairs:
+            pipe.exists(keys.job(job_id))
+        alive = pipe.execute()
+    gone = [(job_id, owner) for (job_id, owner), exists in zip(pairs, alive) if not exists]
+    with r.pipeline(transaction=False) as pipe:
+        for job_id, owner in gone:
+            _unindex(pipe, job_id, owner)
+        for (job_id, owner), exists in zip(pairs, alive):
+            if exists:  # still there (its TTL ends a moment after the score, or a later transition renewed it): look again soon
+                pipe.zadd(keys.EXPIRY, {f"{job_id}:{owner}": now + 2}, xx=True, gt=True)
+        pipe.execute()
+    return [job_id for job_id, _ in gone]
 
 
 class BadCursor(ValueError):
@@ -335,7 +399,9 @@ def list_jobs(r: redis.Redis, *, limit: int, after: str | None = None, order: st
               status: JobStatus | None = None, owner: str | None = None) -> tuple[list[dict[str, Any]], bool]:
     """One page of jobs in creation order (keyset on the creation sequence); returns (jobs, has_more).
 
-    `after` is the last id of the previous page. Index entries whose record has expired are dropped as met.
+    With `owner` the page reads that owner's index (`h3b:owner:{owner}:jobs`, or its per-status index when `status`
+    is given), so a page costs O(page) Redis work however many jobs other keys have. `after` is the last id of the
+    previous page. Index entries whose record has expired are dropped as met.
     """
     if after is not None:
         score = r.zscore(keys.JOBS_INDEX, after)
@@ -344,13 +410,17 @@ def list_jobs(r: redis.Redis, *, limit: int, after: str | None = None, order: st
         bound = f"({int(score)}"
     else:
         bound = "+inf" if order == "desc" else "-inf"
+    if owner is None:
+        index = keys.JOBS_INDEX
+    else:
+        index = keys.owner_status(owner, status.value) if status is not None else keys.owner_jobs(owner)
     found: list[dict[str, Any]] = []
-    batch = max(limit * 2, 20)
+    batch = limit + 1
     while True:
         if order == "desc":
-            ids = r.zrevrangebyscore(keys.JOBS_INDEX, bound, "-inf", start=0, num=batch, withscores=True)
+            ids = r.zrevrangebyscore(index, bound, "-inf", start=0, num=batch, withscores=True)
         else:
-            ids = r.zrangebyscore(keys.JOBS_INDEX, bound, "+inf", start=0, num=batch, withscores=True)
+            ids = r.zrangebyscore(index, bound, "+inf", start=0, num=batch, withscores=True)
         if not ids:
             return found, False
         with r.pipeline(transaction=False) as pipe:
@@ -359,7 +429,9 @@ def list_jobs(r: redis.Redis, *, limit: int, after: str | None = None, order: st
             raws = pipe.execute()
         for (job_id, _), raw in zip(ids, raws):
             if not raw:
-                r.zrem(keys.JOBS_INDEX, job_id)
+                with r.pipeline(transaction=False) as pipe:
+                    _unindex(pipe, job_id, owner or "")
+                    pipe.execute()
                 continue
             job = _decode(raw)
             if owner is not None and (job.get("owner") or "") != owner:

@@ -4,7 +4,11 @@
 |---|---|---|
 | `h3b:job:{id}` | hash | the job record: status, stage, progress, times, timings, error, artifact (+ private owner, |
 | | | sha256, traceback that the API never shows) |
-| `h3b:jobs` | zset | every job id, score = creation sequence; GET /jobs pages over it newest first |
+| `h3b:jobs` | zset | every job id, score = creation sequence (admin view; pruned by the reaper) |
+| `h3b:owner:{owner}:jobs` | zset | one API key's job ids, score = creation sequence; GET /jobs pages over it |
+| `h3b:owner:{owner}:status:{status}` | zset | one key's job ids in one status (GET /jobs?status=), same score |
+| `h3b:expiry` | zset | `{id}:{owner}` of finished jobs, score = when the record's TTL ends; the reaper drops index |
+| | | entries of records that are gone |
 | `h3b:queue` | zset | ids of `queued` jobs, score = creation sequence; ZRANK + 1 = queue position |
 | `h3b:running` | zset | ids of `in_progress` jobs, score = claim time; the reconciler checks their leases |
 | `h3b:reconcile` | string | lock (SET NX PX) so one worker at a time runs the reconciler |
@@ -18,7 +22,8 @@
 | `h3b:runs:{id}` | hash | per-job execution counters (`started`, `rendered`, `requeues`, `requeued_at`, `resent`); TTL like the record |
 | `h3b:rate:{owner}:{bucket}` | hash | token bucket of one API key (`tokens`, `ts_ms`) |
 
-Celery's own keys (`render` list, `_kombu.*`, `unacked*`) live beside these in the same DB.
+Celery's own keys (`render` list, `_kombu.*`, `unacked*`) live beside these in the same DB; the load runner's Celery
+app prefixes all of its own with `h3batch-lr:` (loadrunner/celery_app.py), so the two apps never share `unacked`.
 """
 from __future__ import annotations
 
@@ -34,6 +39,17 @@ WORKER_PATTERN = f"{PREFIX}:worker:*"
 WEBHOOKS_DUE = f"{PREFIX}:webhooks:due"
 """zset of pending webhook deliveries: member `<job id>:<event>`, score = Unix time the next attempt is due.
 Written by core/jobs.py::transition in the MULTI that finishes a job; read by worker/webhook_delivery.py."""
+
+
+EXPIRY = f"{PREFIX}:expiry"
+
+
+def owner_jobs(owner: str) -> str:
+    return f"{PREFIX}:owner:{owner or '-'}:jobs"
+
+
+def owner_status(owner: str, status: str) -> str:
+    return f"{PREFIX}:owner:{owner or '-'}:status:{status}"
 
 
 def job(job_id: str) -> str:

@@ -157,7 +157,7 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "release the worker serves: a directory, or a Hub repo `org/name`, `org/name@revision`, "
      "`hf://org/name@revision` (fetched into the Hugging Face cache; see docs/model.md)"),
     ("H3BATCH_MAX_RUN_S", "max_run_s", "600", _positive_int, "service",
-     "longest render; visibility timeout is twice this"),
+     "longest render: a job claimed longer ago fails `run_deadline`; visibility timeout is twice this"),
     ("H3BATCH_RESULT_TTL_S", "result_ttl_s", "86400", _positive_int, "service",
      "seconds a finished MP4 stays downloadable"),
     ("H3BATCH_MAX_QUEUED", "max_queued", "1000", _positive_int, "service",
@@ -213,6 +213,9 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "worker name in heartbeats and job records"),
     ("H3BATCH_STALL_S", "stall_s", "60", _non_negative_float, "worker",
      "seconds a worker may sit idle while work waits before it exits to be restarted (0: never)"),
+    ("H3BATCH_RENDER_STALL_S", "render_stall_s", "300", _non_negative_float, "worker",
+     "run deadline: a render that reports no progress (stage or denoise step) for this long fails `run_deadline` "
+     "(0: no stall limit; H3BATCH_MAX_RUN_S still bounds the whole run)"),
     ("H3BATCH_DEBUG_STEP_DELAY_S", "debug_step_delay_s", "0", _non_negative_float, "worker",
      "test knob: the worker sleeps this long at each progress report (widens cancel windows in tests)"),
     # webhooks (API vets URLs, workers deliver)
@@ -245,6 +248,12 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "per-sweep directories: point reports, summary JSON/CSV, PNG plots"),
     ("H3BATCH_SWEEP_QUEUE", "sweep_queue", "loadrunner", _text, "loadrunner",
      "Celery queue consumed by `h3batch sweep-worker`"),
+    ("H3BATCH_SWEEP_ALLOW_LOOPBACK", "sweep_allow_loopback", "0", _flag, "loadrunner",
+     "accept POST /sweeps target URLs on loopback addresses (the local demo sets 1); vetted like webhook URLs"),
+    ("H3BATCH_SWEEP_ALLOW_PRIVATE", "sweep_allow_private", "0", _flag, "loadrunner",
+     "accept POST /sweeps target URLs on private-range addresses (a load target inside your network)"),
+    ("H3BATCH_SWEEP_INPUTS_DIR", "sweep_inputs_dir", "<results dir>/inputs", _path, "loadrunner",
+     "the named input set: a sweep's `input_wav` is the name of a WAV file in this directory (never a path)"),
     ("H3BATCH_SWEEP_SCHEDULE", "sweep_schedule", "(empty: no scheduled sweeps)", _text, "loadrunner",
      "beat schedule: JSON text, or a path to a JSON file"),
     ("H3BATCH_BEAT_LOCK_TTL_S", "beat_lock_ttl_s", "30", _beat_lock_ttl, "loadrunner",
@@ -298,6 +307,7 @@ class Settings:
     ranks: str = "1"
     worker_name: str = ""
     stall_s: float = 60.0
+    render_stall_s: float = 300.0
     debug_step_delay_s: float = 0.0
     webhook_secret: str | None = field(default=None, repr=False)
     webhook_allow_loopback: bool = False
@@ -311,6 +321,9 @@ class Settings:
     vsa_preload: str | None = None
     sweep_results_dir: Path = Path("./sweep-results")
     sweep_queue: str = "loadrunner"
+    sweep_allow_loopback: bool = False
+    sweep_allow_private: bool = False
+    sweep_inputs_dir: Path | None = None
     sweep_schedule: str = ""
     beat_lock_ttl_s: int = 30
     beat_schedule_file: Path | None = None

@@ -15,6 +15,14 @@ RUN_POINT = "loadrunner.run_point"
 FINALIZE_SWEEP = "loadrunner.finalize_sweep"
 # A point can run for minutes; the broker must not redeliver it to another worker meanwhile.
 VISIBILITY_TIMEOUT_S = 6 * 3600
+POINT_TIME_LIMIT_S = 2 * 3600
+"""Longest a sweep task may run (Celery `task_time_limit` under a prefork pool; `run_point` also bounds its own
+load run by it under the solo pool `h3batch sweep-worker` uses). Well under VISIBILITY_TIMEOUT_S, so a running point
+is never handed out again."""
+KEY_PREFIX = "h3batch-lr:"
+"""kombu `global_keyprefix` of this app: its queue lists and, above all, its `unacked` hash are its own even on the
+GPU app's Redis DB. kombu restores unacked messages per hash by each consumer's own visibility timeout, so on a
+shared hash a GPU worker (2 x H3BATCH_MAX_RUN_S) re-queued a 6 h sweep point and it ran twice."""
 
 
 def beat_schedule(entries: tuple[ScheduleEntry, ...], queue: str) -> dict:
@@ -39,7 +47,8 @@ def make_app(settings: SweepSettings) -> Celery:
         task_routes={"loadrunner.*": {"queue": settings.queue}},
         task_acks_late=True,
         worker_prefetch_multiplier=1,
-        broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT_S},
+        broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT_S, "global_keyprefix": KEY_PREFIX},
+        task_time_limit=POINT_TIME_LIMIT_S,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         beat_schedule=beat_schedule(settings.schedule, settings.queue),

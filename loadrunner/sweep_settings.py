@@ -41,13 +41,20 @@ class SweepSettings:
     schedule: tuple[ScheduleEntry, ...] = ()
     beat_lock_ttl_s: int = DEFAULT_BEAT_LOCK_TTL_S
     beat_schedule_file: Path | None = None
+    inputs_dir: Path | None = None  # the named input set; None: `<results dir>/inputs`
+
+    @property
+    def input_set_dir(self) -> Path:
+        """Where a sweep's named `input_wav` files live."""
+        return self.inputs_dir if self.inputs_dir is not None else self.results_dir / "inputs"
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SweepSettings:
         results = settings.sweep_results_dir
         return cls(redis_url=settings.redis_url, results_dir=results, queue=settings.sweep_queue,
                    schedule=parse_schedule(settings.sweep_schedule), beat_lock_ttl_s=settings.beat_lock_ttl_s,
-                   beat_schedule_file=settings.beat_schedule_file or results / "celerybeat-schedule")
+                   beat_schedule_file=settings.beat_schedule_file or results / "celerybeat-schedule",
+                   inputs_dir=settings.sweep_inputs_dir)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SweepSettings:

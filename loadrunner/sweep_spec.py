@@ -14,6 +14,8 @@ from h3batch.loadrunner.config import MAX_LOAD_FRAMES, MAX_SESSIONS, build_parse
 
 MAX_POINTS = 256
 LABEL_RE = re.compile(r"^[\w.:/@+-]{1,128}$")
+INPUT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\.wav$")
+"""`input_wav` is a name in the named input set (H3BATCH_SWEEP_INPUTS_DIR), never a path on the worker."""
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,7 @@ class SweepRequest:
     load_frames: tuple[int, ...] = (250,)
     repetitions: int = 1
     model: str = "reference-duplex"
-    input_wav: str | None = None  # None: the worker writes its built-in 220 Hz voiced input
+    input_wav: str | None = None  # a name in the input set; None: the worker writes its built-in 220 Hz input
     expected_input_sha256: str | None = None
     drain_s: float = 2.0
     tail_s: float = 0.0
@@ -130,6 +132,9 @@ def parse_sweep_request(body: object) -> SweepRequest:
     for key in ("model", "input_wav", "expected_input_sha256"):
         if body.get(key) is not None and not isinstance(body[key], str):
             raise ValueError(f"`{key}` must be a string, got {body[key]!r}")
+    if body.get("input_wav") is not None and not INPUT_NAME_RE.match(body["input_wav"]):
+        raise ValueError(f"`input_wav` must name a WAV file of the sweep input set (letters, digits, ._- ending in "
+                         f".wav, no path), got {body['input_wav']!r}")
     request = SweepRequest(
         url=url,
         sessions=_int_list(body, "sessions", None, 1, MAX_SESSIONS),

@@ -1,8 +1,9 @@
 """Sweep records in Redis (stdlib + redis only, shared by the API and the sweep worker).
 
 Keys, templated here only (`redis-cli` then shows a sweep's life):
-  h3batch:sweep:<id>          JSON record {id, status, origin, created_at, started_at, finished_at, request,
-                              point_ids, summary, error}
+  h3batch:sweep:<id>          JSON record {id, status, origin, owner, created_at, started_at, finished_at,
+                              request, point_ids, summary, error}; `owner` is the API key id that created it
+                              (None for scheduled sweeps, which every key may read)
   h3batch:sweep:<id>:points   hash point id -> JSON point record (§15.1.5)
   h3batch:sweeps              sorted set of sweep ids scored by creation time
   h3batch:beat:lock           the single-beat lock (token of the holder, with expiry)
@@ -46,9 +47,11 @@ def _text(value) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def create_sweep(r: redis.Redis, sweep_id: str, request: dict, point_ids: list[str], origin: str) -> dict:
+def create_sweep(r: redis.Redis, sweep_id: str, request: dict, point_ids: list[str], origin: str,
+                 owner: str | None = None) -> dict:
     """Write a queued sweep and its pending points in one transaction."""
-    record = {"id": sweep_id, "status": SweepStatus.QUEUED.value, "origin": origin, "created_at": utc_now(),
+    record = {"id": sweep_id, "status": SweepStatus.QUEUED.value, "origin": origin, "owner": owner,
+              "created_at": utc_now(),
               "started_at": None, "finished_at": None, "request": request, "point_ids": point_ids,
               "summary": None, "error": None}
     pipe = r.pipeline(transaction=True)
@@ -105,8 +108,21 @@ def get_sweep(r: redis.Redis, sweep_id: str) -> dict | None:
     return record
 
 
-def list_sweeps(r: redis.Redis, limit: int = 50) -> list[dict]:
-    """Newest first, records without their points."""
-    ids = [_text(i) for i in r.zrevrange(INDEX_KEY, 0, limit - 1)]
-    records = [get_record(r, i) for i in ids]
-    return [rec for rec in records if rec is not None]
+def visible_to(record: dict, owner: str | None) -> bool:
+    """Whether `owner` (an API key id; None = no filter) may see a sweep: its own, or a scheduled one."""
+    return owner is None or record.get("owner") is None or record.get("owner") == owner
+
+
+def list_sweeps(r: redis.Redis, limit: int = 50, owner: str | None = None) -> list[dict]:
+    """Newest first, records without their points; with `owner`, only the sweeps `visible_to` it."""
+    found: list[dict] = []
+    start = 0
+    while len(found) < limit:
+        ids = [_text(i) for i in r.zrevrange(INDEX_KEY, start, start + 4 * limit - 1)]
+        if not ids:
+            break
+        start += len(ids)
+        for record in (get_record(r, i) for i in ids):
+            if record is not None and visible_to(record, owner) and len(found) < limit:
+                found.append(record)
+    return found

@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import redis
 from celery import chain
+from celery.exceptions import Ignore
 
-from h3batch.loadrunner.celery_app import FINALIZE_SWEEP, RUN_POINT, START_SWEEP, app
+from h3batch.loadrunner.celery_app import FINALIZE_SWEEP, POINT_TIME_LIMIT_S, RUN_POINT, START_SWEEP, app
 from h3batch.loadrunner.config import parse_config
 from h3batch.loadrunner.load import run_load
 from h3batch.loadrunner.plots import render
@@ -86,8 +87,8 @@ def execute_point(settings: SweepSettings, r: redis.Redis, sweep_id: str, point_
     sweep_dir = settings.results_dir / sweep_id
     point_dir = sweep_dir / point_id
     point_dir.mkdir(parents=True, exist_ok=True)
-    if request.input_wav:
-        input_wav = request.input_wav
+    if request.input_wav:  # a validated name (sweep_spec.INPUT_NAME_RE), resolved inside the named input set
+        input_wav = str(settings.input_set_dir / request.input_wav)
     else:
         input_wav = str(sweep_dir / BUILTIN_INPUT)
         if not Path(input_wav).exists():
@@ -112,7 +113,8 @@ def execute_point(settings: SweepSettings, r: redis.Redis, sweep_id: str, point_
         put_point(r, sweep_id, {**entry, "status": PointStatus.RUNNING.value})
         try:
             config = parse_config(argv)
-            report = asyncio.run(asyncio.wait_for(run_load(config), point_time_bound(request, point.load_frames)))
+            bound = min(point_time_bound(request, point.load_frames), POINT_TIME_LIMIT_S)
+            report = asyncio.run(asyncio.wait_for(run_load(config), bound))
         except TimeoutError:
             entry.update(status=PointStatus.CANCELLED.value, exit_status=None, ok=False,
                          error="point exceeded its time bound; sessions were closed and no report was written")
@@ -178,10 +180,30 @@ def start_sweep(request: dict, sweep_id: str | None = None, origin: str = "api")
     return sweep_id
 
 
+FINISHED_POINTS = frozenset({PointStatus.PASSED.value, PointStatus.FAILED.value, PointStatus.CANCELLED.value,
+                             PointStatus.ERROR.value})
+
+
+def claim_point(r: redis.Redis, sweep_id: str, point_id: str) -> bool:
+    """Re-run guard: True for the one delivery that may run this point. A redelivered message (broker restore, a
+    worker lost mid-point) finds the point finished or its run lock held and must do nothing, not measure twice."""
+    stored = get_points(r, sweep_id).get(point_id, {})
+    if stored.get("status") in FINISHED_POINTS:
+        return False
+    return bool(r.set(point_lock_key(sweep_id, point_id), "1", nx=True, ex=int(POINT_TIME_LIMIT_S)))
+
+
+def point_lock_key(sweep_id: str, point_id: str) -> str:
+    return f"h3batch:sweep:{sweep_id}:run:{point_id}"
+
+
 @app.task(name=RUN_POINT)
 def run_point(sweep_id: str, point_id: str) -> str:
     settings = _settings()
     r = _redis(settings)
+    if not claim_point(r, sweep_id, point_id):
+        logger.warning("point %s/%s already ran or is running: duplicate delivery ignored", sweep_id, point_id)
+        raise Ignore()  # acked, and the chain's next link is not sent a second time
     try:
         return execute_point(settings, r, sweep_id, point_id)["status"]
     except Exception as exc:  # keep the chain going: the failure is recorded on the point, then finalize runs

@@ -88,6 +88,7 @@ class Attempt:
         att = cls(res=res, job_id=job_id, record=record, holder=holder, job_dir=settings.artifacts_dir / job_id)
         lease.count(r, job_id, "started")
         res.heartbeat.set_busy(job_id, holder)
+        res.deadline.begin(job_id, holder, att.number)
         if lease.remove_stale_attempts(att.job_dir, att.number):
             log.info("removed partial files of an earlier attempt", extra=att.log_extra)
         log.info("render started attempt=%d", att.number, extra=att.log_extra)
@@ -126,6 +127,7 @@ class Attempt:
 
     def on_progress(self, stage: str, step: int, total: int) -> None:
         """Pipeline callback at every stage and denoise step: record stage, step and progress (never backwards)."""
+        self.res.deadline.progressed()
         self.progress = max(self.progress, _progress_at(stage, step, total))
         self.stage = stage
         fields: dict[str, Any] = {"stage": stage, "progress": round(self.progress, 4)}
@@ -138,9 +140,10 @@ class Attempt:
             time.sleep(self.res.settings.debug_step_delay_s)
 
     def should_cancel(self) -> bool:
-        """Pipeline callback at step boundaries; also stops an attempt that lost its lease (re-claimed elsewhere)."""
+        """Pipeline callback at step boundaries; also stops an attempt that lost its lease (re-claimed elsewhere, or
+        released by the run deadline)."""
         r = self.res.r
-        return jobs.cancel_requested(r, self.job_id) or not lease.still_owner(r, self.job_id, self.holder,
+        return self.res.deadline.fired(self.job_id) or jobs.cancel_requested(r, self.job_id) or not lease.still_owner(r, self.job_id, self.holder,
                                                                                 self.number)
 
     # 3. Publish ---------------------------------------------------------------------------------------------------
@@ -181,9 +184,12 @@ class Attempt:
                      sum(published["timings"].values()), extra=self.log_extra)
 
     def finish_cancelled(self) -> None:
-        """Cancel requested, or the lease was lost to another attempt."""
+        """Cancel requested, or the lease was lost to another attempt or to the run deadline."""
         self.finish(JobStatus.CANCELLED, {"cancelled_at_stage": self.stage})
-        log.info("render cancelled stage=%s", self.stage, extra=self.log_extra)
+        if self.res.deadline.fired(self.job_id):
+            log.info("render stopped after its run deadline stage=%s", self.stage, extra=self.log_extra)
+        else:
+            log.info("render cancelled stage=%s", self.stage, extra=self.log_extra)
         _free_accelerator_memory()
 
     def finish_refused(self, exc: JobError) -> None:
@@ -220,6 +226,7 @@ class Attempt:
 
     def release(self) -> None:
         """Always last: drop the lease (if Redis answers) and tell the heartbeat this worker is free."""
+        self.res.deadline.end()
         try:
             jobs.drop_lease(self.res.r, self.job_id, self.holder)
         except redis.exceptions.RedisError:

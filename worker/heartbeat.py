@@ -30,6 +30,7 @@ class WorkerState(str, enum.Enum):
     STARTING = "STARTING"  # model loaded, consumer not taking messages yet (not counted by /readyz)
     READY = "READY"  # consuming, no job in hand
     BUSY = "BUSY"  # rendering a job (its lease is renewed with every beat)
+    STALLED = "STALLED"  # its render hit the run deadline and has not stopped yet (worker/deadline.py)
 
 
 class Heartbeat(threading.Thread):
@@ -55,6 +56,12 @@ class Heartbeat(threading.Thread):
             self.state, self.job_id, self.lease_holder = WorkerState.BUSY, job_id, holder
         self.beat()
 
+    def set_stalled(self, job_id: str) -> None:
+        """The run deadline fired: stop renewing the job's lease; /readyz reports this worker as stalled."""
+        with self._lock:
+            self.state, self.job_id, self.lease_holder = WorkerState.STALLED, job_id, None
+        self.beat()
+
     def set_ready(self) -> None:
         with self._lock:
             self.state, self.job_id, self.lease_holder = WorkerState.READY, None, None
@@ -76,13 +83,16 @@ class Heartbeat(threading.Thread):
         """One reaper pass, unless another worker ran one within the interval (`h3b:reconcile` lock).
 
         Running jobs whose lease lapsed go back to `queued` with a new render message (claim_job then re-claims
-        them with attempt + 1); queued jobs whose message was lost get a new one. Returns the ids sent again.
+        them with attempt + 1); queued jobs whose message was lost get a new one; artifacts of expired or missing
+        records are removed (`reaper.collect_garbage`). Returns the ids sent again.
         """
         lock_ms = int(self.settings.reconcile_interval_s * 1000)
         if not self.r.set(keys.RECONCILE_LOCK, self.worker_name, nx=True, px=lock_ms):
             return []  # another worker ran the reaper within the interval
         report = reaper.reap(self.r, self.resend, grace_s=max(self.settings.lease_ttl_s, 1.0),
                              record_ttl_s=self.settings.result_ttl_s + defaults.RECORD_GRACE_S)
+        reaper.collect_garbage(self.r, self.settings.artifacts_dir,
+                               orphan_age_s=self.settings.result_ttl_s + defaults.RECORD_GRACE_S)
         if report.requeued:
             log.warning("re-enqueuing job whose worker lost its lease", extra={"job_id": ",".join(report.requeued)})
         return report.requeued + report.resent

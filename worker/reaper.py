@@ -17,6 +17,12 @@ under the `h3b:reconcile` lock; its first pass runs one heartbeat period after t
    sending, a message lost inside Redis's AOF fsync window, a worker killed between taking a message and claiming).
    It gets a new message.
 
+3. Garbage: every pass also removes artifact directories whose record is gone (TTL ended; lost with a Redis crash,
+   once older than any record lives) or finished without a servable video (failed, cancelled, expired), expires completed jobs past their
+   `expires_at` (completed → expired, the MP4 goes), and drops the listing-index entries of records that are gone
+   (`jobs.prune_indexes`). Before this, files went only by lazy expiry on read or DELETE, so a record's TTL dropped
+   the only pointer to its MP4 and the disk filled.
+
 Reading the broker's own structures (the `render` list and kombu's `unacked` hash) is what makes case 2 exact:
 Celery has no API that lists waiting messages of the Redis transport, so this module decodes kombu's message
 envelope (JSON; body base64 JSON `[args, kwargs, embed]`) itself, and ignores anything it cannot decode.
@@ -26,8 +32,11 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import redis
@@ -158,4 +167,59 @@ def reap(r: redis.Redis, send: Callable[[str], None], *, grace_s: float, record_
                 lease.count(r, job_id, "resent")
                 report.resent.append(job_id)
                 log.warning("re-sent the render message of a queued job that had none", extra={"job_id": job_id})
+    return report
+
+
+_NOT_SERVABLE = frozenset({JobStatus.FAILED.value, JobStatus.CANCELLED.value, JobStatus.EXPIRED.value})
+
+
+@dataclass(frozen=True)
+class GarbageReport:
+    """What one garbage pass removed (job ids)."""
+
+    removed_dirs: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+    unindexed: list[str] = field(default_factory=list)
+
+
+def collect_garbage(r: redis.Redis, artifacts_dir: Path, *, orphan_age_s: float, now: float | None = None,
+                    expired_record_ttl_s: int = defaults.RECORD_GRACE_S) -> GarbageReport:
+    """Case 3 of the module docstring: one pass over the due entries of `h3b:expiry` and over `artifacts_dir`.
+
+    A directory whose record is gone is removed at once when `h3b:expiry` says that record expired; one with no
+    record and no such trace (lost with a Redis crash) only once it is older than `orphan_age_s` (the longest a
+    record lives), so a worker pointed at the wrong Redis cannot wipe live artifacts.
+    """
+    now = time.time() if now is None else now
+    report = GarbageReport(unindexed=jobs.prune_indexes(r, now=now))
+    expired_records = set(report.unindexed)
+    try:
+        entries = {e.name: e for e in os.scandir(artifacts_dir)
+                   if e.name.startswith("job_") and e.is_dir(follow_symlinks=False)}
+    except FileNotFoundError:
+        return report
+    if not entries:
+        return report
+    names = sorted(entries)
+    with r.pipeline(transaction=False) as pipe:
+        for job_id in names:
+            pipe.hmget(keys.job(job_id), ["status", "expires_at"])
+        rows = pipe.execute()
+    for job_id, (status, expires_at) in zip(names, rows):
+        if status is None:
+            if job_id not in expired_records and now - entries[job_id].stat().st_mtime < orphan_age_s:
+                continue
+        elif status == JobStatus.COMPLETED.value and expires_at and float(expires_at) < now:
+            done = jobs.transition(r, job_id, JobStatus.EXPIRED, expect={JobStatus.COMPLETED},
+                                   fields={"artifact": None}, record_ttl_s=expired_record_ttl_s, now=now)
+            if done is None:
+                continue  # changed meanwhile; the next pass looks again
+            report.expired.append(job_id)
+        elif status not in _NOT_SERVABLE:
+            continue  # queued, in progress (a worker writes there) or completed and still downloadable
+        shutil.rmtree(artifacts_dir / job_id, ignore_errors=True)
+        report.removed_dirs.append(job_id)
+    if report.removed_dirs:
+        log.info("garbage: removed %d artifact directories (%d expired now)", len(report.removed_dirs),
+                 len(report.expired))
     return report

@@ -18,6 +18,7 @@ from h3batch.core import defaults, keys
 from h3batch.core.celery_app import make_celery
 from h3batch.settings import Settings
 from h3batch.worker import webhook_delivery
+from h3batch.worker.deadline import DeadlineConfig, RunDeadline
 from h3batch.worker.heartbeat import Heartbeat, WorkerState
 
 log = logging.getLogger("h3batch.worker")
@@ -31,6 +32,7 @@ class Resident:
     r: redis.Redis
     pipeline: Any  # h3batch.worker.pipeline.Pipeline (imported lazily: torch)
     heartbeat: Heartbeat
+    deadline: RunDeadline
     loaded_at: float = field(default_factory=time.time)
 
 
@@ -70,9 +72,16 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
                               settings, state=WorkerState.READY if ready else WorkerState.STARTING)
         heartbeat.beat()
         heartbeat.start()
+        deadline = RunDeadline(r, settings.worker_name,
+                               DeadlineConfig(max_run_s=float(settings.max_run_s), stall_s=settings.render_stall_s,
+                                              check_every_s=min(0.5, max(settings.render_stall_s / 5, 0.1))),
+                               record_ttl_s=settings.result_ttl_s + defaults.RECORD_GRACE_S,
+                               on_fire=heartbeat.set_stalled)
+        deadline.start()
         webhook_delivery.start_dispatcher(r)  # signed POSTs for finished jobs with a webhook_url
         log.info("model resident release=%s load_s=%.2f total_model_loads=%d", pipeline.release_id, load_s, loads)
-        _resident = Resident(settings=settings, r=r, pipeline=pipeline, heartbeat=heartbeat)
+        _resident = Resident(settings=settings, r=r, pipeline=pipeline, heartbeat=heartbeat,
+                             deadline=deadline)
         return _resident
 
 
@@ -85,5 +94,6 @@ def mark_ready() -> None:
 def shutdown_resident() -> None:
     """Stop the heartbeat (its key is deleted so /readyz stops counting this worker at once) and the rank group."""
     if _resident is not None:
+        _resident.deadline.stop()
         _resident.heartbeat.stop()
         _resident.pipeline.close()  # stops rank processes; a no-op for the in-process pipeline

@@ -1,9 +1,15 @@
 """`h3batch serve [--port 8000]`: run Redis (if needed), the API and one worker locally until Ctrl-C.
 
 `LocalStack` is the shared part of `serve` and `demo`: it builds the tiny release under ./var if the default one is
-absent, picks a Redis (H3BATCH_REDIS_URL, else 127.0.0.1:6379 when it answers, else a private `redis-server`),
-starts `h3batch worker` and `h3batch api` as subprocesses with their logs in ./var/logs, waits until /readyz says
-a worker is consuming, and on exit (normal, error or Ctrl-C) stops everything it started and nothing else.
+absent, uses H3BATCH_REDIS_URL when set and otherwise starts its own `redis-server` with its data in ./var/redis and
+AOF on (`appendfsync everysec`), so queued jobs survive a restart of the stack. It never uses whatever happens to
+answer on 127.0.0.1:6379 (another project's DB 0, without persistence). It starts `h3batch worker` and `h3batch api`
+as subprocesses with their logs in ./var/logs, waits until /readyz says a worker is consuming, and on exit (normal,
+error or Ctrl-C) stops everything it started and nothing else.
+
+While `serve` runs, `supervise()` restarts a child that died (a worker killed by the OOM killer, an API crash, the
+watchdog's or run deadline's exit 75), as compose's `restart: unless-stopped` does; a child that dies more than
+`MAX_RESTARTS` times in `RESTART_WINDOW_S` is a crash loop and stops the stack with its last log lines.
 """
 from __future__ import annotations
 
@@ -26,8 +32,9 @@ from h3batch.core.startup_checks import check_redis
 from h3batch.settings import env_value
 
 VAR = Path("var")
-LOCAL_REDIS = "redis://127.0.0.1:6379/0"
 H3BATCH = [sys.executable, "-m", "h3batch.cli"]
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
 
 
 def _free_port() -> int:
@@ -56,6 +63,10 @@ class LocalStack:
         self.logs = var_dir / "logs"
         self.redis_url = ""
         self._children: list[tuple[str, subprocess.Popen]] = []
+        self._procs: dict[str, subprocess.Popen] = {}  # the live process of each child name
+        self._args: dict[str, list[str]] = {}
+        self._redis_args: list[str] = []
+        self._restarts: dict[str, list[float]] = {}
 
     # --- pieces ---
 
@@ -78,26 +89,20 @@ class LocalStack:
             check_redis(env_url)
             self.redis_url = env_url
             return
-        try:
-            check_redis(LOCAL_REDIS, timeout_s=0.5)
-            self.redis_url = LOCAL_REDIS
-            _say("using the Redis at 127.0.0.1:6379")
-            return
-        except ConfigError:
-            pass
         exe = shutil.which("redis-server")
         if exe is None:
-            raise ConfigError("no Redis: H3BATCH_REDIS_URL is unset, nothing answers on 127.0.0.1:6379 and "
-                              "redis-server is not installed (Debian/Ubuntu package: redis-server)")
+            raise ConfigError("no Redis: H3BATCH_REDIS_URL is unset and redis-server is not installed "
+                              "(Debian/Ubuntu package: redis-server)")
         port = _free_port()
-        redis_dir = self.var / "redis"
+        redis_dir = (self.var / "redis").resolve()
         redis_dir.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(redis_dir),
-                                 "--save", "", "--appendonly", "no", "--loglevel", "warning"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        self._children.append(("redis-server", proc))
+        self._redis_args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(redis_dir), "--save", "",
+                            "--appendonly", "yes", "--appendfsync", "everysec", "--loglevel", "warning",
+                            "--logfile", str(redis_dir / "redis.log")]
+        self._start_redis()
         url = f"redis://127.0.0.1:{port}/0"
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # an AOF of many jobs takes a moment to replay
+        proc = self._procs["redis-server"]
         while True:
             try:
                 check_redis(url, timeout_s=0.5)
@@ -107,13 +112,20 @@ class LocalStack:
                     raise ConfigError(f"the private redis-server on port {port} did not start") from None
                 time.sleep(0.1)
         self.redis_url = url
-        _say(f"started a private redis-server on 127.0.0.1:{port}")
+        _say(f"started a private redis-server on 127.0.0.1:{port} (data and AOF in {redis_dir})")
+
+    def _start_redis(self) -> None:
+        proc = subprocess.Popen(self._redis_args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        self._procs["redis-server"] = proc
+        self._children.insert(0, ("redis-server", proc))  # stopped last
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(H3BATCH_REDIS_URL=self.redis_url, H3BATCH_RELEASE=str(self.release),
                    H3BATCH_HF_CACHE=str(self.hf_cache), H3BATCH_ARTIFACTS_DIR=str(self.artifacts),
                    PYTHONUNBUFFERED="1")
+        env.setdefault("H3BATCH_SWEEP_ALLOW_LOOPBACK", "1")  # the local demo's sweeps aim at a local duplex server
         if self.build_if_absent:
             env.setdefault("HF_HUB_OFFLINE", "1")  # the tiny release's base VAE is in the local cache
         return env
@@ -124,6 +136,8 @@ class LocalStack:
             proc = subprocess.Popen(H3BATCH + args, env=self._env(), stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)  # Ctrl-C reaches us; we stop the children in order
         self._children.append((name, proc))
+        self._procs[name], self._args[name] = proc, args
+        _say(f"{name} started pid={proc.pid}")
 
     def _log_tail(self, name: str, lines: int = 5) -> str:
         path = self.logs / f"{name}.log"
@@ -131,10 +145,33 @@ class LocalStack:
         return " | ".join(text[-lines:])
 
     def check_children(self) -> None:
-        """Raise ConfigError naming the first child that exited."""
-        for name, proc in self._children:
+        """Raise ConfigError naming the first child that exited (start-up, `demo`: a dead child is an error)."""
+        for name, proc in self._procs.items():
             if proc.poll() is not None:
                 raise ConfigError(f"{name} exited with code {proc.returncode}: {self._log_tail(name)}")
+
+    def supervise(self) -> list[str]:
+        """Start again each child that exited (Redis first, on its port and data dir); returns their names.
+        Raises ConfigError when one dies more than MAX_RESTARTS times within RESTART_WINDOW_S."""
+        restarted = []
+        for name in list(self._procs):
+            proc = self._procs[name]
+            if proc.poll() is None:
+                continue
+            now = time.monotonic()
+            recent = [t for t in self._restarts.get(name, []) if now - t < RESTART_WINDOW_S] + [now]
+            self._restarts[name] = recent
+            if len(recent) > MAX_RESTARTS:
+                raise ConfigError(f"{name} exited with code {proc.returncode} {len(recent)} times within "
+                                  f"{RESTART_WINDOW_S:.0f} s: {self._log_tail(name)}")
+            _say(f"{name} exited with code {proc.returncode}; restarting it")
+            self._children = [(n, p) for n, p in self._children if p is not proc]
+            if name == "redis-server":
+                self._start_redis()
+            else:
+                self._spawn(name, self._args[name])
+            restarted.append(name)
+        return restarted
 
     def _wait_ready(self, timeout_s: float = 300.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -183,6 +220,7 @@ class LocalStack:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self._children.clear()
+        self._procs.clear()
 
 
 def _sigterm_as_interrupt(*_args) -> None:
@@ -200,8 +238,8 @@ def main(argv: list[str]) -> int:
             example = json.dumps({"prompt": "rain on a tin roof", "seconds": defaults.DEFAULT_SECONDS})
             _say(f"try: curl -s -H 'Content-Type: application/json' -d '{example}' {stack.base_url}/jobs")
             while True:
-                stack.check_children()
-                time.sleep(1.0)
+                stack.supervise()
+                time.sleep(0.5)
     except ConfigError as exc:
         print(f"h3batch serve: {exc}", file=sys.stderr)
         return 2 if "exited with code" not in str(exc) else 1

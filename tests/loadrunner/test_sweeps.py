@@ -55,7 +55,7 @@ def worker(sweep_env, redis_url):
 @pytest.fixture
 def client(redis_url, results_dir):
     app = create_app({"TESTING": True, "REDIS_URL": redis_url, "API_KEYS": [],
-                      "SWEEP_RESULTS_DIR": str(results_dir)})
+                      "SWEEP_RESULTS_DIR": str(results_dir), "SWEEP_ALLOW_LOOPBACK": True})
     return app.test_client()
 
 
@@ -143,7 +143,7 @@ def test_unknown_sweep_and_file(client):
     assert client.get("/sweeps/sw_0123456789abcdef").get_json()["error"]["code"] == "sweep_not_found"
     assert client.get("/sweeps/../etc").status_code == 404
     missing = client.get("/sweeps/sw_0123456789abcdef/files/summary.json")
-    assert missing.status_code == 404 and missing.get_json()["error"]["code"] == "file_not_found"
+    assert missing.status_code == 404 and missing.get_json()["error"]["code"] == "sweep_not_found"
 
 
 def test_single_beat_and_scheduled_sweep(worker, sweep_env, reference_url, redis_url, client, tmp_path):
@@ -221,3 +221,118 @@ def test_import_footprint(code, absent):
                             cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+def test_the_sweep_app_keeps_its_messages_out_of_the_gpu_apps_unacked_restore(redis_url):
+    """The two Celery apps on one Redis DB (as compose and `make serve` run them): the sweep app's queue and its
+    `unacked` hash carry its own key prefix, so the GPU app's restore of unacked messages by its short visibility
+    timeout (2 x H3BATCH_MAX_RUN_S; 2 s here) never re-queues a long sweep point taken by a sweep worker."""
+    from h3batch.core.celery_app import make_celery
+    from h3batch.loadrunner.celery_app import KEY_PREFIX, make_app
+
+    url = redis_url.rsplit("/", 1)[0] + "/13"
+    r = redis.Redis.from_url(url, decode_responses=True)
+    r.flushdb()
+    sweeps, gpu = make_app(SweepSettings(redis_url=url)), make_celery(url, max_run_s=1)
+    try:
+        sweeps.send_task("loadrunner.run_point", args=["sw_0000000000000000", "p0"], queue="loadrunner")
+        assert r.llen(f"{KEY_PREFIX}loadrunner") == 1 and not r.exists("loadrunner")
+        with sweeps.connection_for_read() as conn:
+            taken = conn.default_channel.basic_get("loadrunner", no_ack=False)  # a sweep worker took the point
+            assert taken is not None
+            assert r.hlen(f"{KEY_PREFIX}unacked") == 1 and not r.exists("unacked")
+            time.sleep(2.5)
+            with gpu.connection_for_read() as gpu_conn:
+                gpu_conn.default_channel.qos.restore_visible()  # what every GPU worker runs at start and shutdown
+            assert r.llen(f"{KEY_PREFIX}loadrunner") == 0 and r.hlen(f"{KEY_PREFIX}unacked") == 1
+        assert sweeps.conf.task_time_limit and sweeps.conf.task_time_limit < \
+            sweeps.conf.broker_transport_options["visibility_timeout"]
+    finally:
+        sweeps.close(), gpu.close()
+        r.flushdb()
+        r.close()
+
+
+def test_a_redelivered_point_is_not_run_twice(redis_url):
+    """The re-run guard of `run_point`: the first delivery of a point claims it; a second one (broker restore,
+    duplicate message) while it runs is refused, and so is any delivery once the point has a finished record."""
+    from h3batch.loadrunner.sweep_store import PointStatus, put_point
+    from h3batch.loadrunner.sweep_tasks import claim_point
+
+    r = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/13", decode_responses=True)
+    r.flushdb()
+    try:
+        create_sweep(r, "sw_00000000000000aa", {"url": "ws://127.0.0.1:1/"}, ["p0", "p1"], "test")
+        assert claim_point(r, "sw_00000000000000aa", "p0") is True
+        assert claim_point(r, "sw_00000000000000aa", "p0") is False  # running elsewhere
+        put_point(r, "sw_00000000000000aa", {"id": "p1", "status": PointStatus.PASSED.value})
+        assert claim_point(r, "sw_00000000000000aa", "p1") is False  # already measured
+    finally:
+        r.flushdb()
+        r.close()
+
+
+def _keyed_client(redis_url, results_dir, **config):
+    url = redis_url.rsplit("/", 1)[0] + "/14"  # no sweep worker consumes here: nothing accepted is ever run
+    app = create_app({"TESTING": True, "REDIS_URL": url, "API_KEYS": ["sweep-key-one", "sweep-key-two"],
+                      "SWEEP_RESULTS_DIR": str(results_dir), **config})
+    return app.test_client(), redis.Redis.from_url(url)
+
+
+@pytest.mark.parametrize("url, allow, fragment", [
+    ("ws://169.254.169.254/latest", {}, "link-local"),
+    ("ws://[fe80::1]:8099/", {}, "link-local"),
+    ("wss://metadata.google.internal/", {}, "metadata host"),
+    ("ws://127.0.0.1:8099/v1/realtime", {}, "H3BATCH_SWEEP_ALLOW_LOOPBACK=1"),
+    ("ws://[::1]:8099/v1/realtime", {}, "resolves to ::1"),  # refused (ipaddress counts ::/8 as reserved)
+    ("ws://10.0.0.7:8099/", {}, "H3BATCH_SWEEP_ALLOW_PRIVATE=1"),
+    ("ws://169.254.169.254/", {"SWEEP_ALLOW_LOOPBACK": True, "SWEEP_ALLOW_PRIVATE": True}, "link-local"),
+    ("ws://user:pw@127.0.0.1:8099/", {"SWEEP_ALLOW_LOOPBACK": True}, "credentials"),
+])
+def test_sweep_targets_are_vetted_like_webhooks_at_submission(redis_url, results_dir, url, allow, fragment):
+    """POST /sweeps refuses link-local, metadata, loopback (unless H3BATCH_SWEEP_ALLOW_LOOPBACK) and private
+    (unless H3BATCH_SWEEP_ALLOW_PRIVATE) targets with 400 invalid_sweep, before any record or message exists; no
+    sweep worker runs, so nothing is ever sent to them."""
+    client, r = _keyed_client(redis_url, results_dir, **allow)
+    r.flushdb()
+    reply = client.post("/sweeps", json={**SMALL, "url": url}, headers={"Authorization": "Bearer sweep-key-one"})
+    assert reply.status_code == 400, reply.get_json()
+    error = reply.get_json()["error"]
+    assert error["code"] == "invalid_sweep" and fragment in error["message"] and error["retryable"] is False
+    assert [k for k in r.scan_iter() if not k.startswith(b"h3b:rate:")] == []  # no record, index or message
+    r.close()
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../secrets.wav", "inputs/voice.wav", "voice.mp3", ".hidden.wav"])
+def test_input_wav_names_the_input_set_and_is_never_a_path(client, name):
+    """`input_wav` must name a WAV file of the input set (H3BATCH_SWEEP_INPUTS_DIR); a server path is 400."""
+    reply = client.post("/sweeps", json={**SMALL, "url": "ws://127.0.0.1:9/", "input_wav": name})
+    assert reply.status_code == 400 and "input set" in reply.get_json()["error"]["message"]
+
+
+def test_a_named_input_resolves_inside_the_input_set(tmp_path):
+    """A valid name is looked up in the input set directory, never elsewhere."""
+    settings = SweepSettings(results_dir=tmp_path / "results")
+    assert parse_sweep_request({**SMALL, "url": "ws://x", "input_wav": "voice-1.wav"}).input_wav == "voice-1.wav"
+    assert settings.input_set_dir == tmp_path / "results" / "inputs"
+
+
+def test_sweeps_are_owned_by_the_key_that_created_them(redis_url, results_dir):
+    """Key one's sweep is listed and readable by key one only; key two gets 404 for the record and its files and
+    an empty list; a scheduled sweep (no owner) is visible to both."""
+    client, r = _keyed_client(redis_url, results_dir, SWEEP_ALLOW_LOOPBACK=True)
+    r.flushdb()
+    one, two = ({"Authorization": f"Bearer sweep-key-{n}"} for n in ("one", "two"))
+    created = client.post("/sweeps", json={**SMALL, "url": "ws://127.0.0.1:9/v1/realtime"}, headers=one)
+    assert created.status_code == 202, created.get_json()
+    sweep_id = created.get_json()["id"]
+    assert client.get(f"/sweeps/{sweep_id}", headers=one).status_code == 200
+    assert client.get(f"/sweeps/{sweep_id}", headers=two).get_json()["error"]["code"] == "sweep_not_found"
+    assert client.get(f"/sweeps/{sweep_id}/files/summary.json", headers=two).status_code == 404
+    assert [s["id"] for s in client.get("/sweeps", headers=one).get_json()["sweeps"]] == [sweep_id]
+    assert client.get("/sweeps", headers=two).get_json()["sweeps"] == []
+    create_sweep(r, "sw_00000000000000bb", {"url": "ws://x"}, [], "schedule:nightly")
+    for headers in (one, two):
+        assert "sw_00000000000000bb" in [s["id"] for s in client.get("/sweeps", headers=headers).get_json()["sweeps"]]
+    r.flushdb()
+    r.close()

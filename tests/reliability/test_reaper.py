@@ -7,7 +7,7 @@ import os
 import signal
 import time
 
-from h3batch.core import jobs
+from h3batch.core import jobs, keys
 
 from .conftest import completed_events, post_job, wait_all_finished
 
@@ -61,3 +61,54 @@ def test_a_frozen_worker_cannot_finish_or_clobber_a_requeued_job(stack_factory):
     video = stack.artifacts / job_id / "video.mp4"
     assert sorted(p.name for p in video.parent.iterdir()) == ["video.mp4"]
     assert hashlib.sha256(video.read_bytes()).hexdigest() == record["sha256"]
+
+
+def _wait_gone(path, timeout_s: float = 10.0) -> float:
+    """Seconds until `path` no longer exists (fails after timeout_s)."""
+    started = time.monotonic()
+    while path.exists():
+        assert time.monotonic() - started < timeout_s, f"{path} still there after {timeout_s} s"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_the_reaper_removes_files_of_expired_and_missing_records_and_prunes_the_index(stack_factory):
+    """Artifact garbage collection, against a live worker (reaper every 0.5 s, heartbeat 1 s): a completed job whose
+    `expires_at` passed becomes `expired` and its MP4 directory goes; a cancelled job whose record TTL ran out (1 s)
+    loses its leftover directory and its entries in the global, per-owner and per-status indexes; a directory with
+    no record and no expiry trace goes once older than a record can live. Each within one reaper period plus a
+    heartbeat."""
+    stack = stack_factory()
+    api = stack.start_api()
+    r = stack.redis.client()
+    stack.start_worker("gc")
+    done = post_job(api.base)["id"]
+    assert wait_all_finished(r, [done], timeout_s=120) == {done: "completed"}
+    assert (stack.artifacts / done / "video.mp4").is_file()
+    r.hset(f"h3b:job:{done}", "expires_at", repr(time.time() - 1))  # as if RESULT_TTL_S had passed
+    assert _wait_gone(stack.artifacts / done) < 3
+    assert r.hget(f"h3b:job:{done}", "status") == "expired"
+
+    spec = jobs.JobSpec(prompt="a door creaks", seconds=4.0, width=128, height=32, seed=1, owner="gc-owner")
+    short = jobs.create_job(r, spec)["id"]
+    jobs.request_cancel(r, short, record_ttl_s=1)
+    (stack.artifacts / short).mkdir()
+    (stack.artifacts / short / ".attempt-1.mp4").write_bytes(b"left by a killed worker")
+    orphan = stack.artifacts / "job_000000000000000000000000"  # no record, no trace: lost with a Redis crash
+    orphan.mkdir()
+    young = stack.artifacts / "job_111111111111111111111111"
+    young.mkdir()
+    two_days_ago = time.time() - 2 * 86_400  # older than any record lives (RESULT_TTL_S + RECORD_GRACE_S)
+    os.utime(orphan, (two_days_ago, two_days_ago))
+    assert _wait_gone(stack.artifacts / short) < 6
+    assert _wait_gone(orphan) < 3
+    assert young.is_dir()  # an unknown directory younger than a record's lifetime is left alone
+    assert not r.exists(f"h3b:job:{short}")
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and r.zscore(keys.JOBS_INDEX, short) is not None:
+        time.sleep(0.05)
+    assert r.zscore(keys.JOBS_INDEX, short) is None
+    assert r.zscore(keys.owner_jobs("gc-owner"), short) is None
+    assert r.zscore(keys.owner_status("gc-owner", "cancelled"), short) is None
+    assert r.zscore(keys.EXPIRY, f"{short}:gc-owner") is None
+    assert r.zscore(keys.JOBS_INDEX, done) is not None  # the expired record is still listed until its TTL ends

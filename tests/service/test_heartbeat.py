@@ -35,16 +35,18 @@ def payload(r) -> dict:
 
 
 def test_payload_carries_the_state_strings_readers_expect(r):
-    """STARTING, BUSY (with the job id) and READY reach Redis as the plain strings /readyz compares with."""
+    """STARTING, BUSY (with the job id), STALLED (run deadline, lease no longer renewed) and READY reach Redis as the plain strings /readyz compares with."""
     beat = make_heartbeat(r, [])
     beat.beat()
     assert payload(r)["state"] == "STARTING" and payload(r)["release_id"] == "rel"
     assert 0 < r.ttl(keys.worker("hb-test")) <= 15
     beat.set_busy("job_1", "hb-test:1")
     assert payload(r)["state"] == "BUSY" and payload(r)["job_id"] == "job_1"
+    beat.set_stalled("job_1")
+    assert payload(r)["state"] == "STALLED" and payload(r)["job_id"] == "job_1" and beat.lease_holder is None
     beat.set_ready()
     assert payload(r)["state"] == "READY" and payload(r)["job_id"] is None
-    assert [s.value for s in WorkerState] == ["STARTING", "READY", "BUSY"]
+    assert [s.value for s in WorkerState] == ["STARTING", "READY", "BUSY", "STALLED"]
 
 
 def test_a_busy_beat_renews_the_lease_of_the_job_in_hand(r):
