@@ -35,10 +35,10 @@ clean:
 # jobs (clean, kill -9 with fsync always and everysec). About 10 min on 2 CPU cores; `make test` runs the small cases.
 .PHONY: test-chaos
 test-chaos: setup
-	H3BATCH_CHAOS=1 $(PY) -m pytest -q -s -m chaos tests/reliability
+	H3BATCH_CHAOS=1 $(PY) -m pytest -q -s -m chaos tests/system
 
 # Soak (docs/reliability.md "Round two"): SOAK_JOBS (default 300) jobs through `h3batch serve` with random worker
 # kill -9, API kill -9 and Redis restarts; prints one JSON line of lost/duplicated/stuck/5xx/RSS/disk figures.
 .PHONY: test-soak
 test-soak: setup
-	H3BATCH_SOAK=1 $(PY) -m pytest -q -s -p no:cacheprovider tests/reliability/test_soak.py
+	H3BATCH_SOAK=1 $(PY) -m pytest -q -s -p no:cacheprovider tests/system/test_soak.py

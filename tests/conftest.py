@@ -54,3 +54,8 @@ def redis_url(tmp_path_factory) -> str:
     yield url
     proc.terminate()
     proc.wait(timeout=10)
+
+
+# The service stack (real API + worker processes) for every folder that needs it; its fixtures start nothing
+# until a test asks for them.
+from tests.service_stack import api, artifacts_dir, r, tiny_release, worker  # noqa: E402, F401

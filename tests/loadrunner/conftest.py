@@ -1,12 +1,7 @@
 """Loadrunner fixtures: the §13 two-frame WAV. The helpers the tests import by name live in `harness.py`."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-
-# The repository root on sys.path, so `tests.loadrunner.*` imports resolve under a bare `pytest` as well.
-if str(Path(__file__).resolve().parents[2]) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
 import pytest

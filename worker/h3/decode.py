@@ -17,7 +17,7 @@ Two video paths compute the same blended-tile frames:
 ``prepare_video_decoder`` makes the serving copy: the encoder dropped, decoder weights cast to fp16 (the modules
 diffusers pins stay fp32), optionally each ViT block ``torch.compile``d. Under the fp16 autocast that the
 fp32-weight decode already uses, fp16 weights change only where fp32 weights were read directly (none of the
-matmuls), so the frames match the fp32-weight decode closely (tests/decode/test_decode_batched.py; measured at
+matmuls), so the frames match the fp32-weight decode closely (tests/worker/h3/decode/test_decode_batched.py; measured at
 real size in docs/benchmarks.md).
 """
 

@@ -1,0 +1,149 @@
+"""Webhooks against a real receiver on 127.0.0.1: Standard Webhooks signatures (checked with the openai SDK's
+verifier), retry after a 500, delivery log on the job, and the SSRF refusals at submit and at delivery time."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import requests
+from openai import OpenAI
+
+from h3batch.core import webhook_urls
+from h3batch.core.jobs import JobSpec, JobStatus, create_job, load_job, transition
+from h3batch.worker import webhook_delivery as webhooks
+from tests.api.conftest import KEY_A, RETRY_BASE_S, WEBHOOK_SECRET, auth, key_id, wait_job
+
+
+def verify(call: dict) -> dict:
+    """Check the signature with openai's Standard Webhooks verifier; return the parsed body."""
+    OpenAI(api_key="unused").webhooks.verify_signature(call["body"], call["headers"], secret=WEBHOOK_SECRET)
+    return json.loads(call["body"])
+
+
+def test_webhook_signed_retried_after_500_then_delivered(stack, receiver):
+    """A 500 from the receiver is retried with backoff; both attempts carry one webhook-id and valid signatures,
+    and the job's delivery log records 500 then 200."""
+    receiver.statuses = [500]
+    reply = requests.post(f"{stack.base}/jobs", json={"prompt": "a bell", "webhook_url": receiver.url + "/hook?x=1"},
+                          headers=auth(), timeout=10)
+    assert reply.status_code == 202, reply.text
+    job_id = reply.json()["id"]
+    wait_job(stack.base, job_id)
+    first, second = receiver.wait_calls(2)
+    assert (first["answered"], second["answered"]) == (500, 200)
+    assert first["path"] == "/hook?x=1"
+    assert first["headers"]["webhook-id"] == second["headers"]["webhook-id"] == f"msg_{job_id}_completed"
+    assert second["at"] - first["at"] >= RETRY_BASE_S * 0.9
+    body = verify(second)
+    verify(first)
+    assert body["type"] == "job.completed" and body["data"]["id"] == job_id
+    assert body["data"]["status"] == "completed" and "owner" not in body["data"]
+
+    deadline = time.monotonic() + 10
+    while True:
+        log = requests.get(f"{stack.base}/jobs/{job_id}", headers=auth(), timeout=5).json()["webhook_deliveries"]
+        if log and len(log) == 2:
+            break
+        assert time.monotonic() < deadline, log
+        time.sleep(0.1)
+    assert [d["status_code"] for d in log] == [500, 200] and [d["attempt"] for d in log] == [1, 2]
+    assert "next_attempt_at" in log[0] and "next_attempt_at" not in log[1]
+    time.sleep(RETRY_BASE_S * 5)
+    assert len(receiver.calls) == 2  # delivered: no further attempts
+
+
+def test_tampered_body_fails_verification(stack, receiver):
+    """The signature covers the body: a changed byte no longer verifies (so receivers can trust it)."""
+    reply = requests.post(f"{stack.base}/v1/videos", json={"prompt": "rain", "size": "256x128",
+                                                           "webhook_url": receiver.url}, headers=auth(), timeout=10)
+    assert reply.status_code == 202, reply.text
+    call = receiver.wait_calls(1, timeout_s=60)[0]
+    body = verify(call)
+    assert body["type"] == "video.completed"  # OpenAI's event name for /v1-created jobs
+    tampered = dict(call, body=call["body"].replace(b'"completed"', b'"failed"', 1))
+    with pytest.raises(Exception, match="signature"):
+        verify(tampered)
+
+
+@pytest.mark.parametrize("url", [
+    "http://169.254.169.254/latest/meta-data/", "http://metadata.google.internal/computeMetadata/v1/",
+    "http://[fe80::1]/hook", "http://10.1.2.3/hook", "http://192.168.0.10/hook", "ftp://example.com/hook",
+    "http://user:pw@127.0.0.1/hook", "not a url", "http://0.0.0.0/hook",
+])
+def test_submit_refuses_unsafe_webhook_urls(compat_api, url):
+    """Link-local, metadata, private, unspecified, credentialed and non-http(s) targets → 422 on both create routes."""
+    for path, body in (("/jobs", {"prompt": "x", "webhook_url": url}),
+                       ("/v1/videos", {"prompt": "x", "size": "256x128", "webhook_url": url})):
+        reply = requests.post(compat_api.base + path, json=body, headers=auth(), timeout=10)
+        assert reply.status_code == 422, (path, reply.text)
+        assert reply.json()["error"]["code"] == "invalid_webhook_url"
+
+
+EMBEDDED_UNSAFE = [
+    "http://[2002:7f00:1::1]/",  # 6to4 of 127.0.0.1
+    "http://[2002:a9fe:a9fe::1]/",  # 6to4 of 169.254.169.254 (instance metadata)
+    "http://[2002:c0a8:1::1]/hook",  # 6to4 of 192.168.0.1
+    "http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/",  # Teredo, client 127.0.0.1 (obfuscated)
+    "http://[2001:0:a9fe:a9fe::1]/",  # Teredo, server 169.254.169.254
+    "http://[64:ff9b::a9fe:a9fe]/",  # NAT64 of 169.254.169.254
+]
+
+
+@pytest.mark.parametrize("url", EMBEDDED_UNSAFE)
+def test_submit_refuses_ipv4_embedded_in_6to4_teredo_nat64(compat_api, rc, url):
+    """IPv6 addresses embedding loopback, link-local or private IPv4 (6to4 2002::/16, Teredo 2001::/32, NAT64) are
+    422 at submission on both routes even with H3BATCH_WEBHOOK_ALLOW_LOOPBACK=1 (this API's setting), and no job is
+    made. This API has no dispatcher running beside it in this test, and none of these URLs is ever contacted."""
+    before = rc.zcard("h3b:jobs")
+    for path, body in (("/jobs", {"prompt": "x", "webhook_url": url}),
+                       ("/v1/videos", {"prompt": "x", "size": "256x128", "webhook_url": url})):
+        reply = requests.post(compat_api.base + path, json=body, headers=auth(), timeout=10)
+        assert reply.status_code == 422, (path, reply.text)
+        error = reply.json()["error"]
+        assert error["code"] == "invalid_webhook_url" and "embedding non-public" in error["message"], error
+    assert rc.zcard("h3b:jobs") == before
+
+
+def test_embedded_public_ipv4_is_still_judged_by_the_usual_rules():
+    """The unwrapping refuses by what is embedded, not by the prefix: 6to4 of a public address passes the check
+    (no connection is made: check_url only parses and resolves a literal)."""
+    permissive = webhook_urls.WebhookSettings(secret=WEBHOOK_SECRET, allow_loopback=True, allow_private=True)
+    assert webhook_urls.check_url("http://[2002:808:808::1]/hook", permissive).addresses == ("2002:808:808::1",)
+    for url in EMBEDDED_UNSAFE:
+        with pytest.raises(webhook_urls.WebhookRefused, match="embedding non-public"):
+            webhook_urls.check_url(url, permissive)
+
+
+def test_loopback_only_with_the_flag_and_delivery_time_recheck(rc):
+    """Loopback passes only with allow_loopback; at delivery time the URL is re-resolved and a now-unsafe target is
+    refused, logged, and not retried."""
+    strict = webhook_urls.WebhookSettings(secret=WEBHOOK_SECRET)
+    with pytest.raises(webhook_urls.WebhookRefused, match="loopback"):
+        webhook_urls.check_url("http://localhost:9/hook", strict)
+    assert webhook_urls.check_url("http://127.0.0.1:9/hook", webhook_urls.WebhookSettings(
+        secret=WEBHOOK_SECRET, allow_loopback=True)).addresses == ("127.0.0.1",)
+
+    # A record whose URL passed at submit under a looser policy is refused by the stricter dispatcher.
+    job = create_job(rc, JobSpec(prompt="x", seconds=4.0, width=256, height=128, seed=1, owner=key_id(KEY_A),
+                                 webhook_url="http://127.0.0.1:9/hook"))
+    # `now` an hour ahead makes the delivery due then, so the session worker's dispatcher leaves it to this test.
+    later = time.time() + 3600
+    transition(rc, job["id"], JobStatus.CANCELLED, expect={JobStatus.QUEUED}, fields={"cancel_reason": "user"},
+               now=later)
+    member = f"{job['id']}:cancelled"
+    assert rc.zscore(webhooks.DUE_KEY, member) == pytest.approx(later)  # queued in the transition's transaction
+    assert webhooks.deliver_one(rc, strict, job["id"], "cancelled") is False
+    log = load_job(rc, job["id"])["webhook_deliveries"]
+    assert len(log) == 1 and "loopback" in log[0]["error"] and "next_attempt_at" not in log[0]
+    assert rc.zscore(webhooks.DUE_KEY, member) is None
+
+
+def test_server_without_secret_refuses_webhook_url(compat_redis_url, compat_artifacts):
+    """With no H3BATCH_WEBHOOK_SECRET the API cannot sign, so a webhook_url is a 400 webhooks_not_configured."""
+    from h3batch.api import create_app
+
+    app = create_app({"REDIS_URL": compat_redis_url, "ARTIFACTS_DIR": str(compat_artifacts), "API_KEYS": [],
+                      "WEBHOOKS": webhook_urls.WebhookSettings(secret=None)})
+    reply = app.test_client().post("/jobs", json={"prompt": "x", "webhook_url": "https://example.com/h"})
+    assert reply.status_code == 400 and reply.json["error"]["code"] == "webhooks_not_configured"

@@ -1,0 +1,96 @@
+"""docker-compose.yml checked statically (no Docker engine here): structure, build files, healthchecks, Redis
+durability flags, GPU pinning, and every environment variable documented in docs/service.md."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from h3batch.settings import VARS
+from tests.service_stack import REPO
+
+COMPOSE = REPO / "docker-compose.yml"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def documented_variables() -> set[str]:
+    """Variable names in the first column of docs/service.md's configuration table."""
+    text = (REPO / "docs" / "service.md").read_text()
+    return set(re.findall(r"^\| `([A-Z][A-Z0-9_]+)` \|", text, flags=re.MULTILINE))
+
+
+def test_services_volumes_and_include(compose):
+    """The file defines redis, api and gpu-worker, three named volumes, and includes the load runner's file."""
+    assert {"redis", "api", "gpu-worker"} <= set(compose["services"])
+    assert {"redis-data", "artifacts", "model-cache"} <= set(compose["volumes"])
+    included = [REPO / entry if isinstance(entry, str) else REPO / entry["path"] for entry in compose["include"]]
+    assert REPO / "docker" / "compose.loadrunner.yml" in included
+    for path in included:
+        assert path.is_file(), f"included compose file {path} does not exist"
+        assert isinstance(yaml.safe_load(path.read_text()).get("services"), dict), path
+
+
+def test_build_contexts_and_dockerfiles_exist(compose):
+    """Every build context is a directory and every Dockerfile it names exists; the API image installs no torch."""
+    for name, service in compose["services"].items():
+        build = service.get("build")
+        if build is None:
+            continue
+        context = REPO / (build if isinstance(build, str) else build.get("context", "."))
+        assert context.is_dir(), name
+        dockerfile = context / (build.get("dockerfile", "Dockerfile") if isinstance(build, dict) else "Dockerfile")
+        assert dockerfile.is_file(), f"{name}: {dockerfile} missing"
+        for source in re.findall(r"^COPY\s+(?:--\S+\s+)*(\S+)", dockerfile.read_text(), flags=re.MULTILINE):
+            assert (context / source).exists(), f"{name}: COPY source {source} missing"
+    api_dockerfile = (REPO / "docker" / "api.Dockerfile").read_text()
+    requirements = (REPO / "docker" / "requirements-api.txt").read_text().splitlines()
+    assert not [line for line in requirements if "torch" in line and not line.lstrip().startswith("#")]
+    assert "--no-deps" in api_dockerfile
+
+
+def test_every_service_has_a_healthcheck_and_depends_on_healthy_redis(compose):
+    """Each service has a healthcheck test; api and gpu-worker wait for Redis to be healthy."""
+    for name, service in compose["services"].items():
+        assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+    for name in ("api", "gpu-worker"):
+        assert compose["services"][name]["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert any("/healthz" in part for part in compose["services"]["api"]["healthcheck"]["test"])
+
+
+def test_redis_is_durable_and_never_evicts(compose):
+    """Redis runs with AOF, appendfsync everysec, noeviction, a data volume, and no published port."""
+    redis_service = compose["services"]["redis"]
+    command = " ".join(redis_service["command"])
+    for flag in ("--appendonly yes", "--appendfsync everysec", "--maxmemory-policy noeviction"):
+        assert flag in command
+    assert any(v.endswith(":/data") for v in redis_service["volumes"])
+    assert "ports" not in redis_service
+
+
+def test_gpu_worker_is_pinned_to_four_gpus_with_volumes(compose):
+    """The worker reserves GPUs 0-3 explicitly, mounts model cache and artifacts, and has a long stop grace."""
+    worker = compose["services"]["gpu-worker"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and devices[0]["device_ids"] == ["0", "1", "2", "3"]
+    assert worker["environment"]["NVIDIA_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert worker["environment"]["H3BATCH_RANKS"] == "4"  # one sequence-parallel rank per pinned GPU
+    assert worker["shm_size"] and worker["ulimits"]["memlock"] == -1  # NCCL needs shared memory and pinned pages
+    mounts = {v.split(":")[1] for v in worker["volumes"]}
+    assert {"/models", "/artifacts"} <= mounts
+    assert worker["stop_grace_period"] == "90s"
+
+
+def test_every_variable_is_documented(compose):
+    """Each environment key and ${VAR} in the compose file, and each H3BATCH_* setting, is in the docs table."""
+    documented = documented_variables()
+    used = set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)", COMPOSE.read_text()))
+    for service in compose["services"].values():
+        used |= set(service.get("environment") or {})
+    used |= {var.name for var in VARS}
+    missing = sorted(used - documented)
+    assert not missing, f"undocumented in docs/service.md: {missing}"
