@@ -29,21 +29,21 @@ from h3batch.core import defaults, keys
 
 
 class JobStatus(str, enum.Enum):
-    QUEUED = "queued"
-    IN_PROGRESS = "in_progress"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    EXPIRED = "expired"
+    QUEUED = "queued"  # recorded and sent; waiting for a worker
+    IN_PROGRESS = "in_progress"  # claimed by a worker holding its lease
+    COMPLETED = "completed"  # MP4 published and downloadable until expires_at
+    FAILED = "failed"  # error code and message on the record
+    CANCELLED = "cancelled"  # by the client, at the next step boundary
+    EXPIRED = "expired"  # completed, then its MP4 removed after the result TTL
 
 
 class Stage(str, enum.Enum):
     QUEUED = "queued"
-    TEXT_ENCODE = "text_encode"
-    DENOISE = "denoise"
-    DECODE = "decode"
-    MUX = "mux"
-    FINALIZE = "finalize"
+    TEXT_ENCODE = "text_encode"  # Qwen3-VL features of the prompt
+    DENOISE = "denoise"  # 8 DiT forwards; step k/8 on the record
+    DECODE = "decode"  # video and audio VAEs
+    MUX = "mux"  # H.264 + AAC into the MP4
+    FINALIZE = "finalize"  # publish the file, then complete
 
 
 TERMINAL = frozenset({JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED})

@@ -45,40 +45,40 @@ EXPIRY = f"{PREFIX}:expiry"
 
 
 def owner_jobs(owner: str) -> str:
-    return f"{PREFIX}:owner:{owner or '-'}:jobs"
+    return f"{PREFIX}:owner:{owner or '-'}:jobs"  # zset: one owner's job ids by creation sequence (list pages)
 
 
 def owner_status(owner: str, status: str) -> str:
-    return f"{PREFIX}:owner:{owner or '-'}:status:{status}"
+    return f"{PREFIX}:owner:{owner or '-'}:status:{status}"  # zset: one owner's job ids in one status
 
 
 def job(job_id: str) -> str:
-    return f"{PREFIX}:job:{job_id}"
+    return f"{PREFIX}:job:{job_id}"  # hash: the job record
 
 
 def lease(job_id: str) -> str:
-    return f"{PREFIX}:lease:{job_id}"
+    return f"{PREFIX}:lease:{job_id}"  # string `worker:attempt`, PX = lease TTL
 
 
 def events(job_id: str) -> str:
-    return f"{PREFIX}:events:{job_id}"
+    return f"{PREFIX}:events:{job_id}"  # stream: the job's event log (SSE reads it)
 
 
 def done_channel(job_id: str) -> str:
-    return f"{PREFIX}:done:{job_id}"
+    return f"{PREFIX}:done:{job_id}"  # pub/sub channel: the final status, for blocking waits
 
 
 def idempotency(owner: str, key_sha256: str) -> str:
-    return f"{PREFIX}:idem:{owner or '-'}:{key_sha256}"
+    return f"{PREFIX}:idem:{owner or '-'}:{key_sha256}"  # string: the job id an Idempotency-Key created
 
 
 def worker(name: str) -> str:
-    return f"{PREFIX}:worker:{name}"
+    return f"{PREFIX}:worker:{name}"  # string (JSON heartbeat), EX = heartbeat TTL
 
 
 def runs(job_id: str) -> str:
-    return f"{PREFIX}:runs:{job_id}"
+    return f"{PREFIX}:runs:{job_id}"  # hash: per-job counters (claims, renders, completions)
 
 
 def rate_bucket(owner: str, bucket: str) -> str:
-    return f"{PREFIX}:rate:{owner or '-'}:{bucket}"
+    return f"{PREFIX}:rate:{owner or '-'}:{bucket}"  # hash: one key's token bucket

@@ -56,6 +56,22 @@ def redis_url(tmp_path_factory) -> str:
     proc.wait(timeout=10)
 
 
+SCRATCH_DB = 2
+"""Database of the session Redis that tests writing keys directly may flush: no worker or API of the session uses it."""
+
+
+@pytest.fixture
+def scratch_redis(redis_url):
+    """A client on the session Redis' scratch database, flushed before and after the test."""
+    import redis  # noqa: PLC0415  (most test folders never need it)
+
+    client = redis.Redis.from_url(f"{redis_url.rsplit('/', 1)[0]}/{SCRATCH_DB}", decode_responses=True)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
 # The service stack (real API + worker processes) for every folder that needs it; its fixtures start nothing
 # until a test asks for them.
 from tests.service_stack import api, artifacts_dir, r, tiny_release, worker  # noqa: E402, F401

@@ -16,19 +16,16 @@ from h3batch.api.schemas import CreateJob
 from h3batch.core import defaults, keys
 from h3batch.core.celery_app import make_celery
 from h3batch.core.jobs import JobStatus, load_job, transition
+from tests.conftest import SCRATCH_DB
 
 
 @pytest.fixture
-def r(redis_url):
-    client = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/9", decode_responses=True)
-    client.flushdb()
-    yield client
-    client.flushdb()
-    client.close()
+def r(scratch_redis):
+    return scratch_redis
 
 
 def make_caller(r: redis.Redis, tmp_path: Path, owner: str = "owner-a", send=None) -> job_service.Caller:
-    url = f"redis://127.0.0.1:{r.connection_pool.connection_kwargs['port']}/9"
+    url = f"redis://127.0.0.1:{r.connection_pool.connection_kwargs['port']}/{SCRATCH_DB}"
     sender = make_celery(url, max_run_s=60)
 
     def send_render(job_id: str) -> None:

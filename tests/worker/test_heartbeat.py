@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import redis as redis_lib
 
 from h3batch.core import jobs, keys
 from h3batch.core.jobs import JobSpec
@@ -16,13 +15,8 @@ TTL = 3600
 
 
 @pytest.fixture
-def r(redis_url):
-    """A client on DB 3 of the session Redis, flushed before and after (no Celery keys live there)."""
-    client = redis_lib.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/3", decode_responses=True)
-    client.flushdb()
-    yield client
-    client.flushdb()
-    client.close()
+def r(scratch_redis):
+    return scratch_redis
 
 
 def make_heartbeat(r, sent: list[str], **settings) -> Heartbeat:
