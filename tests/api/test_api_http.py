@@ -267,7 +267,7 @@ def test_full_queue_answers_503_queue_full_with_retry_after(redis_url, artifacts
 def test_unreachable_redis_is_503_storage_unavailable_not_500(artifacts_dir):
     """When Redis goes away under a running API, job routes answer 503 storage_unavailable, /healthz stays 200 and
     /readyz says which check fails."""
-    from .conftest import free_port
+    from tests.service_stack import free_port
 
     app = create_app({"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "ARTIFACTS_DIR": str(artifacts_dir)})
     base, stop = serve_in_thread(app)
