@@ -40,6 +40,7 @@ from types import SimpleNamespace
 
 import torch
 
+from h3batch.core.geometry import TINY_CANVAS, V2_CANVAS
 from h3batch.worker import pipeline as pipeline_module
 from h3batch.worker.h3 import decode, packing
 from h3batch.worker.h3.config import T2, H3Config
@@ -140,7 +141,8 @@ def build_vaes(tiny: bool, device: torch.device):
 def bench_info(tiny: bool) -> SimpleNamespace:
     """What `Pipeline` reads from a validated release, for a model that has none."""
     return SimpleNamespace(path=Path(tempfile.gettempdir()), model_id="bench/random" + ("-tiny" if tiny else ""),
-                           contract_hash="0" * 64, entry=SimpleNamespace(contract=SimpleNamespace(vsa_sparsity=0.8)))
+                           contract_hash="0" * 64, entry=SimpleNamespace(contract=SimpleNamespace(vsa_sparsity=0.8)),
+                           canvas=TINY_CANVAS if tiny else V2_CANVAS)
 
 
 # Timing --------------------------------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ class LocalStack:
         self.base_url = f"http://127.0.0.1:{self.port}"
         # Unset variables mean "under var/" here, not the service defaults: the local stack keeps its state together.
         env_release = env_value("H3BATCH_RELEASE")
-        self.release = env_release or var_dir / "tiny-release"
+        self.release = Path(env_release) if env_release else var_dir / "tiny-release"  # a directory here
         self.build_if_absent = env_release is None
         self.hf_cache = env_value("H3BATCH_HF_CACHE") or self.release.parent / "hf-cache"
         self.artifacts = env_value("H3BATCH_ARTIFACTS_DIR") or var_dir / "artifacts"
