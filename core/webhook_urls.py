@@ -90,7 +90,8 @@ def _check_address(address: str, host: str, settings: WebhookSettings) -> None:
             if not embedded.is_global:
                 raise WebhookRefused(f"webhook_url: {host!r} resolves to {ip}, a {kind} address embedding non-public "
                                      f"{embedded}; expected a public http(s) endpoint")
-    if ip.is_link_local or ip.is_unspecified or ip.is_multicast or ip.is_reserved:
+    # ::1 sits inside the reserved ::/8, so loopback is decided first: it is refused or allowed by its own flag.
+    if not ip.is_loopback and (ip.is_link_local or ip.is_unspecified or ip.is_multicast or ip.is_reserved):
         raise WebhookRefused(f"webhook_url: {host!r} resolves to {ip}, a link-local/unspecified/multicast/reserved "
                              f"address; expected a public http(s) endpoint")
     if ip.is_loopback:

@@ -123,6 +123,14 @@ def test_loopback_only_with_the_flag_and_delivery_time_recheck(rc):
         webhook_urls.check_url("http://localhost:9/hook", strict)
     assert webhook_urls.check_url("http://127.0.0.1:9/hook", webhook_urls.WebhookSettings(
         secret=WEBHOOK_SECRET, allow_loopback=True)).addresses == ("127.0.0.1",)
+    # IPv6 loopback follows the same flag (::1 lies inside the reserved ::/8, which stays refused otherwise).
+    with pytest.raises(webhook_urls.WebhookRefused, match="loopback"):
+        webhook_urls.check_url("http://[::1]:9/hook", strict)
+    assert webhook_urls.check_url("http://[::1]:9/hook", webhook_urls.WebhookSettings(
+        secret=WEBHOOK_SECRET, allow_loopback=True)).addresses == ("::1",)
+    with pytest.raises(webhook_urls.WebhookRefused, match="reserved"):
+        webhook_urls.check_url("http://[::2]:9/hook", webhook_urls.WebhookSettings(secret=WEBHOOK_SECRET,
+                                                                                   allow_loopback=True))
 
     # A record whose URL passed at submit under a looser policy is refused by the stricter dispatcher.
     job = create_job(rc, JobSpec(prompt="x", seconds=4.0, width=256, height=128, seed=1, owner=key_id(KEY_A),

@@ -284,7 +284,7 @@ def _keyed_client(redis_url, results_dir, **config):
     ("ws://[fe80::1]:8099/", {}, "link-local"),
     ("wss://metadata.google.internal/", {}, "metadata host"),
     ("ws://127.0.0.1:8099/v1/realtime", {}, "H3BATCH_SWEEP_ALLOW_LOOPBACK=1"),
-    ("ws://[::1]:8099/v1/realtime", {}, "resolves to ::1"),  # refused (ipaddress counts ::/8 as reserved)
+    ("ws://[::1]:8099/v1/realtime", {}, "H3BATCH_SWEEP_ALLOW_LOOPBACK=1"),  # IPv6 loopback: the same flag
     ("ws://10.0.0.7:8099/", {}, "H3BATCH_SWEEP_ALLOW_PRIVATE=1"),
     ("ws://169.254.169.254/", {"SWEEP_ALLOW_LOOPBACK": True, "SWEEP_ALLOW_PRIVATE": True}, "link-local"),
     ("ws://user:pw@127.0.0.1:8099/", {"SWEEP_ALLOW_LOOPBACK": True}, "credentials"),
