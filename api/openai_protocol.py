@@ -23,9 +23,9 @@ from pydantic import BaseModel, Field, ValidationError
 
 from h3batch.api.errors import ApiError
 from h3batch.api.job_service import Vocabulary
-from h3batch.api.schemas import CreateJob, first_error, shown
+from h3batch.api.schemas import CreateJob, first_error
 from h3batch.core import defaults, request_rules
-from h3batch.core.geometry import FPS, GeometryError, RequestGeometry, nearest_canvas
+from h3batch.core.geometry import FPS, GeometryError, RequestGeometry, nearest_canvas, shown
 from h3batch.core.jobs import FINISHED, JobStatus
 
 DEFAULT_MODEL_ID = "FastVideo/FastVideo-FastH3-8-Step-V2"

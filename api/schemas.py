@@ -13,28 +13,20 @@ from h3batch.core import defaults
 from h3batch.core.geometry import (
     ASPECT_RATIOS,
     CANVAS_PROFILES,
-    MAX_CANVAS_PIXELS,
+    MAX_EDGE,
     TINY_CANVAS,
     GeometryError,
     RequestGeometry,
     check_canvas_area,
+    shown,
 )
 
 StatusName = Literal["queued", "in_progress", "completed", "failed", "cancelled", "expired"]
 StageName = Literal["queued", "text_encode", "denoise", "decode", "mux", "finalize"]
 
 
-MAX_EDGE = MAX_CANVAS_PIXELS // 32
-"""Longest edge that can pass the area cap (the other edge at its 32-pixel minimum); anything longer is refused before
-the geometry rules run, whose float arithmetic overflows on a 400-digit width."""
 MAX_SECONDS = 3600.0
 """Durations above this are refused before the geometry rules (round(24 * 1e308) overflows); the window is 4..15 s."""
-
-
-def shown(value: object, limit: int = 40) -> str:
-    """repr(value) cut to `limit` characters, so a 5000-digit number does not fill the error message."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 AspectRatio = Literal["16:9", "9:16", "1:1", "4:3", "3:4"]

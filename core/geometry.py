@@ -30,6 +30,9 @@ CANVAS_SHORT_EDGE = 768
 """Default short edge of a bucketed canvas."""
 CANVAS_MAX_PIXELS = 768 * 1344
 """Area cap of a bucketed canvas."""
+MAX_EDGE = CANVAS_MAX_PIXELS // 32
+"""Longest edge that can pass the area cap (the other edge at its 32-pixel minimum): longer ones are refused before
+any float arithmetic."""
 
 VAE_FRAMES_PER_CHUNK = 17
 """The video VAE decodes N = 17n + 5 frames from T = 5n + 2 latent frames."""
@@ -51,11 +54,22 @@ class GeometryError(ValueError):
         super().__init__(f"{field_name}: expected {expected}, found {found}")
 
 
+def shown(value: object, limit: int = 40) -> str:
+    """repr(value) cut to `limit` characters, so a 5000-digit number neither fills a message nor hits int->str limits."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * limit:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _check_dimension(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise GeometryError(name, f"an integer number of pixels (multiple of {CANVAS_MULTIPLE})", repr(value))
+        raise GeometryError(name, f"an integer number of pixels (multiple of {CANVAS_MULTIPLE})", shown(value))
     if value < CANVAS_MULTIPLE or value % CANVAS_MULTIPLE:
-        raise GeometryError(name, f"a multiple of {CANVAS_MULTIPLE} that is at least {CANVAS_MULTIPLE}", repr(value))
+        raise GeometryError(name, f"a multiple of {CANVAS_MULTIPLE} that is at least {CANVAS_MULTIPLE}", shown(value))
+    if value > MAX_EDGE:  # before any float arithmetic: a 400-digit width would overflow it
+        raise GeometryError(name, f"at most {MAX_EDGE} pixels (the 1344x768 area at the {CANVAS_MULTIPLE}-pixel minimum "
+                                  "edge)", shown(value))
     return value
 
 
@@ -106,7 +120,9 @@ class RequestGeometry:
         _check_aspect(width / height, f"{width}x{height} ({width / height:.4g})")
         seconds = self.seconds
         if isinstance(seconds, bool) or not isinstance(seconds, Real) or not math.isfinite(seconds) or seconds <= 0:
-            raise GeometryError("seconds", "a positive finite number of seconds", repr(seconds))
+            raise GeometryError("seconds", "a positive finite number of seconds", shown(seconds))
+        if not math.isfinite(FPS * float(seconds)):  # round(24 * 1e308) would raise OverflowError
+            raise GeometryError("seconds", "a duration of 4 to 15 s", shown(seconds))
         n_req = requested_frames(float(seconds))
         if self.check_duration_window and not MIN_REQUESTED_FRAMES <= n_req <= MAX_REQUESTED_FRAMES:
             raise GeometryError(

@@ -266,3 +266,16 @@ def test_geometry_imports_no_torch_or_numpy():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
     )
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("width, height, seconds, field", [
+    (256, 128, 1e308, "seconds"),  # 24 * 1e308 is inf: round() would raise OverflowError
+    (32 * 10**400, 128, 4.0, "width"),  # width / height would overflow a float
+    (32 * 10**5000, 32 * 10**5000, 4.0, "width"),  # too many digits for int -> str in a message
+], ids=["seconds-1e308", "width-400-digits", "square-5000-digits"])
+def test_huge_numbers_are_geometry_errors_not_overflows(width, height, seconds, field):
+    """The contract refuses absurd sizes and durations with GeometryError naming the field (CLI, API and worker
+    all rely on it), and its message stays short."""
+    with pytest.raises(GeometryError) as caught:
+        RequestGeometry(width, height, seconds)
+    assert caught.value.field == field and len(str(caught.value)) < 200
