@@ -194,9 +194,11 @@ class Pipeline:
         root = Path(info.path)
         dit = load_transformer(root / "transformer", vsa_gates=True, device=device)
         text = TextEncoder.load(root / "text_encoder", root / "tokenizer", info.entry.text_hidden_layer, device)
-        video_vae = vae_checkpoint_convert.load_video_vae(base.root).to(device).eval()
         cuda = device.type == "cuda"
-        video_vae = decode.prepare_video_decoder(video_vae, torch.float16 if cuda else None, compile_blocks=cuda)
+        # Decoder only, on every device: the encoder (0.67 GiB at V2 size) is dropped before the move, so it never
+        # reaches the GPU; decode post-processing then runs per temporal chunk (WriteOptions.tile_batch=0).
+        video_vae = decode.prepare_video_decoder(vae_checkpoint_convert.load_video_vae(base.root).eval(),
+                                                 torch.float16 if cuda else None, compile_blocks=cuda).to(device)
         audio_vae = vae_checkpoint_convert.load_audio_vae(base.root).to(device).eval()
         pipe = cls(info, dit, text, video_vae, audio_vae, device, provenance)
         if cuda:

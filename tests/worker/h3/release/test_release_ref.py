@@ -114,6 +114,9 @@ def test_hub_reference_renders_the_same_frames_as_the_folder(tiny, hub, tmp_path
     by_ref.render(request, tmp_path / "ref.mp4")
     del by_ref
     by_dir = Pipeline.load(tiny.release_dir, device="cpu", hf_cache=tiny.hf_cache)
+    # P4 point 4: the serving video VAE is decoder-only, and decode post-processing goes chunk by chunk.
+    assert by_dir.video_vae.encoder is None and by_dir.video_vae.quant_conv is None
+    assert by_dir.write_options.tile_batch == 0 and by_dir.write_options.stream_mux
     assert by_dir.provenance["release_commit"] is None and by_dir.provenance["base_commit"] == tiny.base_commit
     by_dir.render(request, tmp_path / "dir.mp4")
     assert np.array_equal(_frames(tmp_path / "ref.mp4"), _frames(tmp_path / "dir.mp4"))
