@@ -146,8 +146,9 @@ def _openai_paths() -> dict[str, Any]:
                                                                    "multipart/form-data": {"schema": create_fields}}},
                      "responses": {"202": video, "400": error("Unsupported field, model, size or duration"),
                                    "409": error("Idempotency-Key in use"),
-                                   "422": error("webhook_url refused, Idempotency-Key reused, or exceeds_worker_capacity "
-                                                 "(more rows than any worker serves)"), **common}},
+                                   "422": error("webhook_url refused, Idempotency-Key reused, or "
+                                                 "exceeds_worker_capacity (more rows than any worker serves)"),
+                                   **common}},
             "get": {"operationId": "listVideos", "summary": "OpenAI-compatible list",
                     "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,
                                                                                "maximum": defaults.LIST_MAX_LIMIT}},

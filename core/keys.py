@@ -17,8 +17,8 @@
 | `h3b:events:{id}` | stream | the job's events (status, stage, progress, completed/failed/cancelled), ~1024 kept |
 | `h3b:done:{id}` | pub/sub channel | a message when the job reaches a terminal status (wakes blocking waits) |
 | `h3b:worker:{name}` | string (JSON) | heartbeat, TTL 15 s: release, state STARTING/READY/BUSY, job, model loads |
-| `h3b:capacity` | hash | worker name → `{"max_rows", "ts"}` of its last heartbeat; POST /jobs refuses requests over the |
-| | | largest live one (core/capacity.py); entries older than an hour are dropped |
+| `h3b:capacity` | hash | worker name → `{"max_rows", "ts"}` of its last heartbeat; POST /jobs refuses requests |
+| | | over the largest live one (core/capacity.py); entries older than an hour are dropped |
 | `h3b:idem:{owner}:{sha}` | string (JSON) | Idempotency-Key (sha = its SHA-256) → body fingerprint + job id, 24 h |
 | `h3b:stats` | hash | counters: `model_loads` (one per Pipeline.load), `lease_contention` |
 | `h3b:runs:{id}` | hash | per-job execution counters (`started`, `rendered`, `requeues`, `requeued_at`, `resent`); TTL like the record |
