@@ -41,7 +41,8 @@ def live_workers(r: redis.Redis, states: tuple[str, ...] = LIVE_WORKER_STATES) -
 @bp.get("/readyz")
 def readyz():
     """200 when Redis answers and >= 1 worker heartbeat is fresh; else 503 with per-check detail. Workers whose
-    render hit its run deadline are listed under `checks.workers.stalled` and not counted."""
+    render hit its run deadline are listed under `checks.workers.stalled` and not counted; `checks.workers.max_rows`
+    is the largest request a counted worker serves (core/capacity.py)."""
     checks: dict[str, dict] = {}
     try:
         get_redis().ping()
@@ -50,6 +51,7 @@ def readyz():
         workers = [w for w in beats if w.get("state") != STALLED_STATE]
         checks["workers"] = {"ok": bool(workers), "count": len(workers),
                              "releases": sorted({w.get("release_id", "") for w in workers}),
+                             "max_rows": max((w["max_rows"] for w in workers if w.get("max_rows")), default=None),
                              "stalled": sorted(w.get("name", "") for w in beats if w.get("state") == STALLED_STATE)}
     except redis.exceptions.RedisError as exc:
         checks["redis"] = {"ok": False, "detail": type(exc).__name__}

@@ -21,8 +21,9 @@ import redis
 from h3batch.api import idempotency
 from h3batch.api.errors import ApiError
 from h3batch.api.schemas import CreateJob
-from h3batch.core import defaults
+from h3batch.core import capacity, defaults
 from h3batch.core import jobs as store
+from h3batch.core.geometry import MAX_TEXT_ROWS, RequestGeometry
 from h3batch.core.jobs import FINISHED, BadCursor, JobSpec, JobStatus
 
 log = logging.getLogger("h3batch.api")
@@ -108,7 +109,8 @@ def create_job(caller: Caller, req: CreateJob, words: Vocabulary, idempotency_ke
 
 def _create_and_enqueue(caller: Caller, req: CreateJob, api: str) -> dict[str, Any]:
     """Write the queued record, then send its message; a refused message fails the job (never left queued).
-    400/422 webhook_url refused, 503 queue_full or storage_unavailable."""
+    422 exceeds_worker_capacity, 400/422 webhook_url refused, 503 queue_full or storage_unavailable."""
+    check_capacity(caller.r, req)  # before anything is written
     if req.webhook_url is not None:
         caller.vet_webhook_url(req.webhook_url)  # before anything is written
     spec = JobSpec(prompt=req.prompt, seconds=float(req.seconds), width=req.width, height=req.height,
@@ -132,6 +134,20 @@ def _create_and_enqueue(caller: Caller, req: CreateJob, api: str) -> dict[str, A
     log.info("job created seconds=%s size=%dx%d seed=%d", spec.seconds, spec.width, spec.height, spec.seed,
              extra={"job_id": record["id"], "request_id": caller.request_id})
     return record
+
+
+def check_capacity(r: redis.Redis, req: CreateJob) -> None:
+    """422 exceeds_worker_capacity when the request needs more rows than the fleet serves (core/capacity.py rules:
+    the largest `max_rows` of a live worker; with none live, the last one known; nothing known: accept)."""
+    limit = capacity.fleet_limit(r)
+    if limit is None:
+        return
+    rows = RequestGeometry(req.width, req.height, float(req.seconds)).capacity_rows
+    if rows > limit.max_rows:
+        raise ApiError(422, "exceeds_worker_capacity",
+                       f"this request needs {rows} rows ({req.width}x{req.height}, {float(req.seconds):g} s: video "
+                       f"and audio rows plus {MAX_TEXT_ROWS} text rows) and {limit.describe()}; ask for a smaller "
+                       f"canvas or a shorter clip", False)
 
 
 def page_limit(text: str, *, digits_only: bool = False) -> int:

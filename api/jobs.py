@@ -97,8 +97,8 @@ def _wait(job_id: str, wait_s: float) -> dict | None:
 
 @bp.post("/jobs")
 def create():
-    """Queue a render. 400 invalid body, 413 over 64 KiB, 409/422 Idempotency-Key in use/reused, 503 queue_full or
-    storage_unavailable."""
+    """Queue a render. 400 invalid body, 413 over 64 KiB, 409/422 Idempotency-Key in use/reused, 422
+    exceeds_worker_capacity, 503 queue_full or storage_unavailable."""
     body = request.get_json(force=True, silent=True)
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_json", "expected a JSON object body, e.g. {\"prompt\": \"rain on a tin roof\"}")

@@ -59,7 +59,7 @@ def _reply(record: dict[str, Any], status: int = 200):
 @bp.post("/videos")
 def create_video():
     """Create a video job (JSON or multipart). 202 video object; 400 unsupported_parameter / model_not_found /
-    unsupported_size / unsupported_duration; 422 invalid_webhook_url; 503 queue_full."""
+    unsupported_size / unsupported_duration; 422 invalid_webhook_url / exceeds_worker_capacity; 503 queue_full."""
     req = validated(parse_create(_raw_fields(), model_id()), current_app.config["MAX_PROMPT_CHARS"],
                     current_app.config.get("CANVAS"))
     record, replayed = job_service.create_job(job_http.caller(), req, VIDEOS,

@@ -33,7 +33,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
     text = {400: "Invalid request", 401: "Missing or bad API key", 404: "No such job (for POST: the job an "
             "Idempotency-Key made is gone)", 409: "Wrong job state or Idempotency-Key in use",
             410: "Video expired", 413: "Body over 64 KiB", 416: "Range not satisfiable",
-            422: "Idempotency-Key reused with another body", 503: "Redis or queue full",
+            422: "Idempotency-Key reused with another body, webhook_url refused, or exceeds_worker_capacity (the "
+                 "request needs more rows than any worker serves)", 503: "Redis or queue full",
             429: "Over the API key's rate limit (Retry-After, RateLimit headers; api/ratelimit.py)"}
     # 429 may answer any authenticated route: the per-key rate limit runs before every view.
     return {str(s): _json("ErrorBody", text[s]) for s in (*statuses, 429)}
@@ -145,7 +146,9 @@ def _openai_paths() -> dict[str, Any]:
                                                                    "multipart/form-data": {"schema": create_fields}}},
                      "responses": {"202": video, "400": error("Unsupported field, model, size or duration"),
                                    "409": error("Idempotency-Key in use"),
-                                   "422": error("webhook_url refused or Idempotency-Key reused"), **common}},
+                                   "422": error("webhook_url refused, Idempotency-Key reused, or "
+                                                 "exceeds_worker_capacity (more rows than any worker serves)"),
+                                   **common}},
             "get": {"operationId": "listVideos", "summary": "OpenAI-compatible list",
                     "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,
                                                                                "maximum": defaults.LIST_MAX_LIMIT}},

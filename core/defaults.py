@@ -60,6 +60,10 @@ HEARTBEAT_INTERVAL_S = 5.0
 HEARTBEAT_TTL_S = 15
 """A worker whose heartbeat is older than this is not counted by /readyz."""
 
+CAPACITY_MEMORY_S = 3_600
+"""While no worker is live, the API refuses requests over the largest `max_rows` a worker advertised within this
+many seconds (core/capacity.py); with nothing advertised that recently it accepts (the job waits in the queue)."""
+
 LEASE_TTL_MS = 30_000
 """A running job's lease lapses this long after its worker's last heartbeat; a redelivered message may then retry."""
 

@@ -40,3 +40,17 @@ class RenderFailed(JobError):
 
     code = "render_error"
 
+
+
+class ExceedsWorkerCapacity(JobError):
+    """The job needs more rows than this worker advertises (`max_rows`, worker/capacity.py); the API refuses such a
+    request up front with 422 of the same code, so a worker sees one only when the fleet shrank after it was queued."""
+
+    code = "exceeds_worker_capacity"
+
+
+class GpuOutOfMemory(JobError):
+    """The render ran out of GPU memory (torch.OutOfMemoryError). Not retryable: the same request on the same
+    fleet would fail the same way; the worker freed the memory and serves the next job (worker/oom.py)."""
+
+    code = "gpu_out_of_memory"

@@ -42,6 +42,9 @@ MIN_REQUESTED_FRAMES = 4 * FPS
 MAX_REQUESTED_FRAMES = 15 * FPS
 VAE_SPATIAL_FACTOR = 16
 PATCH_SPATIAL = 2
+MAX_TEXT_ROWS = 1024
+"""Longest prompt the text encoder reads, in tokens (h3batch policy, FastVideo's training cap; the text encoder
+refuses longer ones): the text rows the capacity measure `RequestGeometry.capacity_rows` counts for every request."""
 
 
 class GeometryError(ValueError):
@@ -214,6 +217,14 @@ class RequestGeometry:
             raise GeometryError("text_rows", "a non-negative integer token count", repr(text_rows))
         return text_rows + self.audio_rows + self.video_rows
 
+    @property
+    def capacity_rows(self) -> int:
+        """The rows a worker must be able to serve for this request: `sequence_rows(MAX_TEXT_ROWS)`, i.e. video and
+        audio rows plus the longest prompt the text encoder reads. The API does not tokenize, so it counts every
+        request at the longest prompt; this is the measure of `max_rows` in worker heartbeats and of 422
+        `exceeds_worker_capacity`."""
+        return self.sequence_rows(MAX_TEXT_ROWS)
+
 
 def bucket_canvas(aspect: float, *, short_edge: int = CANVAS_SHORT_EDGE,
                   max_pixels: int = CANVAS_MAX_PIXELS) -> tuple[int, int]:
@@ -323,3 +334,9 @@ def nearest_canvas(width: int, height: int) -> tuple[int, int]:
 
     candidates = [(w, h) for w in sides(width) for h in sides(height)]
     return min(candidates, key=lambda c: (round(abs(math.log(c[0] / c[1]) - target), 12), c[0] * c[1]))
+
+
+CONTRACT_MAX_ROWS = RequestGeometry(1344, 768, MAX_REQUESTED_FRAMES / FPS).capacity_rows
+"""`capacity_rows` of the largest request the contract allows: 15 s at the 1344x768 area cap (every allowed canvas
+has at most that area, and video rows grow with area only), with the longest prompt. 110,086 rows; a worker without
+a memory plan or H3BATCH_MAX_ROWS advertises this (worker/capacity.py)."""

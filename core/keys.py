@@ -17,6 +17,8 @@
 | `h3b:events:{id}` | stream | the job's events (status, stage, progress, completed/failed/cancelled), ~1024 kept |
 | `h3b:done:{id}` | pub/sub channel | a message when the job reaches a terminal status (wakes blocking waits) |
 | `h3b:worker:{name}` | string (JSON) | heartbeat, TTL 15 s: release, state STARTING/READY/BUSY, job, model loads |
+| `h3b:capacity` | hash | worker name → `{"max_rows", "ts"}` of its last heartbeat; POST /jobs refuses requests |
+| | | over the largest live one (core/capacity.py); entries older than an hour are dropped |
 | `h3b:idem:{owner}:{sha}` | string (JSON) | Idempotency-Key (sha = its SHA-256) → body fingerprint + job id, 24 h |
 | `h3b:stats` | hash | counters: `model_loads` (one per Pipeline.load), `lease_contention` |
 | `h3b:runs:{id}` | hash | per-job execution counters (`started`, `rendered`, `requeues`, `requeued_at`, `resent`); TTL like the record |
@@ -36,6 +38,8 @@ RECONCILE_LOCK = f"{PREFIX}:reconcile"
 SEQ = f"{PREFIX}:seq"
 STATS = f"{PREFIX}:stats"
 WORKER_PATTERN = f"{PREFIX}:worker:*"
+CAPACITY = f"{PREFIX}:capacity"
+"""hash: worker name → JSON {max_rows, ts} of its latest heartbeat (core/capacity.py)."""
 WEBHOOKS_DUE = f"{PREFIX}:webhooks:due"
 """zset of pending webhook deliveries: member `<job id>:<event>`, score = Unix time the next attempt is due.
 Written by core/jobs.py::transition in the MULTI that finishes a job; read by worker/webhook_delivery.py."""

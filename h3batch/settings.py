@@ -96,6 +96,23 @@ def _ranks(name: str, raw: str) -> str:
     return raw
 
 
+DEBUG_OOM_STAGES = ("text_encode", "denoise", "decode", "mux")
+"""Stages H3BATCH_DEBUG_OOM_AT may name: worker/pipeline.py STAGES (a test checks they agree)."""
+
+
+def _oom_at(name: str, raw: str) -> tuple[str, int]:
+    # `stage` or `stage:min_rows`: the injected CUDA out-of-memory error of worker/oom.py.
+    stage, _, rows = raw.partition(":")
+    if stage not in DEBUG_OOM_STAGES:
+        raise ConfigError(f"{name}: expected <stage> or <stage>:<min rows> with stage one of "
+                          f"{', '.join(DEBUG_OOM_STAGES)}, found {raw!r}")
+    if not rows:
+        return stage, 0
+    if not (rows.isascii() and rows.isdigit()):
+        raise ConfigError(f"{name}: expected a non-negative integer row count after ':', found {raw!r}")
+    return stage, int(rows)
+
+
 def _keys(name: str, raw: str) -> tuple[str, ...]:
     return tuple(k.strip() for k in raw.split(",") if k.strip())
 
@@ -218,6 +235,12 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "(0: no stall limit; H3BATCH_MAX_RUN_S still bounds the whole run)"),
     ("H3BATCH_DEBUG_STEP_DELAY_S", "debug_step_delay_s", "0", _non_negative_float, "worker",
      "test knob: the worker sleeps this long at each progress report (widens cancel windows in tests)"),
+    ("H3BATCH_MAX_ROWS", "max_rows", "(memory plan, else the contract's largest request)", _positive_int, "worker",
+     "largest request this worker serves, in DiT sequence rows (video + audio + 1024 text rows; docs/service.md "
+     "\"Capacity\"): advertised in its heartbeat, larger requests get 422 `exceeds_worker_capacity`"),
+    ("H3BATCH_DEBUG_OOM_AT", "debug_oom_at", "(unset: off)", _oom_at, "worker",
+     "test knob: `<stage>` or `<stage>:<min rows>`: raise torch's CUDA out-of-memory error at that stage of "
+     "every job of at least that many rows (the job fails `gpu_out_of_memory`; worker/oom.py)"),
     # webhooks (API vets URLs, workers deliver)
     ("H3BATCH_WEBHOOK_SECRET", "webhook_secret", "(unset: webhooks off)", _webhook_secret, "webhooks",
      "signing secret for webhook deliveries: `whsec_` + base64 of a 24..64-byte key (checked at start), or plain "
@@ -309,6 +332,8 @@ class Settings:
     stall_s: float = 60.0
     render_stall_s: float = 300.0
     debug_step_delay_s: float = 0.0
+    max_rows: int | None = None
+    debug_oom_at: tuple[str, int] | None = None
     webhook_secret: str | None = field(default=None, repr=False)
     webhook_allow_loopback: bool = False
     webhook_allow_private: bool = False

@@ -18,7 +18,8 @@ from typing import Any
 import redis
 
 from h3batch.core import defaults, jobs, lease
-from h3batch.core.exceptions import InvalidRequest, JobError, ReleaseMismatch
+from h3batch.core.exceptions import ExceedsWorkerCapacity, GpuOutOfMemory, InvalidRequest, JobError, ReleaseMismatch
+from h3batch.core.geometry import RequestGeometry
 from h3batch.core.jobs import JobStatus, Stage
 from h3batch.worker import job_metadata
 from h3batch.worker.resident import Resident
@@ -63,6 +64,7 @@ class Attempt:
     stage: str = Stage.TEXT_ENCODE.value
     progress: float = 0.0
     meta: dict[str, Any] | None = None  # job metadata (set by `render`, stored on completion)
+    rows: int = 0  # the request's capacity rows (RequestGeometry.capacity_rows), set by `render`
 
     @property
     def number(self) -> int:
@@ -99,8 +101,8 @@ class Attempt:
     def render(self) -> Any:
         """Check the job against this worker, render it into the attempt's file; returns the `RenderResult`.
 
-        Raises ReleaseMismatch / InvalidRequest (refusals), RenderCancelled or LeaseLost (stopped), or what the
-        pipeline raised.
+        Raises ReleaseMismatch / InvalidRequest / ExceedsWorkerCapacity (refusals), RenderCancelled or LeaseLost
+        (stopped), or what the pipeline raised (torch.OutOfMemoryError among it).
         """
         from h3batch.worker.pipeline import RenderRequest  # noqa: PLC0415  (torch)
 
@@ -121,6 +123,10 @@ class Attempt:
             pipeline.validate(request)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
+        self.rows = RequestGeometry(request.width, request.height, request.seconds).capacity_rows
+        if self.rows > self.res.max_rows:  # the API refuses these up front; the fleet may have shrunk since
+            raise ExceedsWorkerCapacity(f"this request needs {self.rows} rows ({request.width}x{request.height}, "
+                                        f"{request.seconds:g} s); this worker serves at most {self.res.max_rows}")
         self.job_dir.mkdir(parents=True, exist_ok=True)
         return pipeline.render(request, lease.attempt_path(self.job_dir, self.number),
                                on_progress=self.on_progress, should_cancel=self.should_cancel)
@@ -138,6 +144,10 @@ class Attempt:
         jobs.update_progress(self.res.r, self.job_id, self.number, fields)
         if self.res.settings.debug_step_delay_s:
             time.sleep(self.res.settings.debug_step_delay_s)
+        if self.res.settings.debug_oom_at is not None:  # test knob: raises torch's OOM error inside the pipeline
+            from h3batch.worker.oom import InjectedOom  # noqa: PLC0415  (torch)
+
+            InjectedOom(*self.res.settings.debug_oom_at).check(stage, self.rows)
 
     def should_cancel(self) -> bool:
         """Pipeline callback at step boundaries; also stops an attempt that lost its lease (re-claimed elsewhere, or
@@ -197,6 +207,22 @@ class Attempt:
         self.finish(JobStatus.FAILED, {"error": {"code": exc.code, "message": exc.message,
                                                  "retryable": exc.retryable, "stage": self.stage}})
         log.info("render refused code=%s message=%s", exc.code, exc.message, extra=self.log_extra)
+
+    def finish_out_of_memory(self, exc: Exception) -> None:
+        """torch.OutOfMemoryError mid-render: the job fails `gpu_out_of_memory` (not retryable: the same request
+        would run out again), the memory the render held is freed, and the worker takes the next job."""
+        from h3batch.worker import oom  # noqa: PLC0415  (torch)
+
+        error = GpuOutOfMemory(f"the GPU ran out of memory at stage {self.stage} rendering {self.rows} rows (this "
+                               f"worker advertises max_rows {self.res.max_rows}); a smaller canvas or a shorter clip "
+                               f"needs fewer rows")
+        log.error("render out of GPU memory stage=%s rows=%d max_rows=%d error=%s", self.stage, self.rows,
+                  self.res.max_rows, str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__,
+                  extra=self.log_extra)
+        self.finish(JobStatus.FAILED, {"error": {"code": error.code, "message": error.message,
+                                                 "retryable": error.retryable, "stage": self.stage}})
+        oom.release_memory(exc)
+        log.info("memory released after out-of-memory %s", oom.memory_summary(), extra=self.log_extra)
 
     def finish_crashed(self, exc: Exception) -> None:
         """Unexpected error; call inside the `except`: the traceback goes to the log and a private record field."""

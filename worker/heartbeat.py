@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import redis
 
-from h3batch.core import defaults, jobs, keys
+from h3batch.core import capacity, defaults, jobs, keys
 from h3batch.settings import Settings
 from h3batch.worker import reaper
 
@@ -35,7 +35,9 @@ class WorkerState(str, enum.Enum):
 
 class Heartbeat(threading.Thread):
     """Refreshes `h3b:worker:{name}` (TTL 15 s) every 5 s, renews the lease of the job being rendered, and every
-    10 s (one worker at a time, under a Redis lock) runs the reaper (`resend_lost_jobs`)."""
+    10 s (one worker at a time, under a Redis lock) runs the reaper (`resend_lost_jobs`). When `info` has
+    `max_rows` (worker/capacity.py), each beat also writes it to `h3b:capacity`, which the API refuses larger
+    requests by (core/capacity.py)."""
 
     def __init__(self, r: redis.Redis, name: str, info: dict[str, Any], resend: Callable[[str], None],
                  settings: Settings, state: WorkerState = WorkerState.READY):
@@ -73,7 +75,11 @@ class Heartbeat(threading.Thread):
                        "ts": time.time(), "pid": os.getpid()}
             job_id, holder = self.job_id, self.lease_holder
         try:
-            self.r.set(keys.worker(self.worker_name), json.dumps(payload), ex=defaults.HEARTBEAT_TTL_S)
+            with self.r.pipeline(transaction=False) as pipe:
+                pipe.set(keys.worker(self.worker_name), json.dumps(payload), ex=defaults.HEARTBEAT_TTL_S)
+                if payload.get("max_rows") is not None:  # what the API refuses requests by (core/capacity.py)
+                    capacity.record(pipe, self.worker_name, payload["max_rows"], payload["ts"])
+                pipe.execute()
             if job_id and holder:
                 jobs.renew_lease(self.r, job_id, holder, int(self.settings.lease_ttl_s * 1000))
         except redis.exceptions.RedisError as exc:  # Redis blip: the next beat retries; the key's TTL tells readers

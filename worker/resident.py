@@ -17,7 +17,7 @@ import redis
 from h3batch.core import defaults, keys
 from h3batch.core.celery_app import make_celery
 from h3batch.settings import Settings
-from h3batch.worker import webhook_delivery
+from h3batch.worker import capacity, webhook_delivery
 from h3batch.worker.deadline import DeadlineConfig, RunDeadline
 from h3batch.worker.heartbeat import Heartbeat, WorkerState
 
@@ -33,6 +33,7 @@ class Resident:
     pipeline: Any  # h3batch.worker.pipeline.Pipeline (imported lazily: torch)
     heartbeat: Heartbeat
     deadline: RunDeadline
+    max_rows: int = capacity.CONTRACT_MAX_ROWS  # largest request served, advertised in the heartbeat
     loaded_at: float = field(default_factory=time.time)
 
 
@@ -62,13 +63,16 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
         load_s = time.perf_counter() - started
         loads = int(r.hincrby(keys.STATS, "model_loads", 1))
         sender = make_celery(settings.redis_url, max_run_s=settings.max_run_s)
+        plan_rows = capacity.plan_max_rows_of(pipeline)
+        max_rows = capacity.advertised_max_rows(settings.max_rows, plan_rows)
 
         def resend(job_id: str) -> None:
             sender.send_task(defaults.RENDER_TASK, args=[job_id], queue=defaults.RENDER_QUEUE)
 
         heartbeat = Heartbeat(r, settings.worker_name, {"release_id": pipeline.release_id,
                                                         "contract_hash": pipeline.contract_hash, "ranks": ranks,
-                                                        "model_loads": 1, "load_s": round(load_s, 3)}, resend,
+                                                        "model_loads": 1, "load_s": round(load_s, 3),
+                                                        "max_rows": max_rows}, resend,
                               settings, state=WorkerState.READY if ready else WorkerState.STARTING)
         heartbeat.beat()
         heartbeat.start()
@@ -79,9 +83,10 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
                                on_fire=heartbeat.set_stalled)
         deadline.start()
         webhook_delivery.start_dispatcher(r)  # signed POSTs for finished jobs with a webhook_url
-        log.info("model resident release=%s load_s=%.2f total_model_loads=%d", pipeline.release_id, load_s, loads)
+        log.info("model resident release=%s load_s=%.2f total_model_loads=%d max_rows=%d (%s)", pipeline.release_id,
+                 load_s, loads, max_rows, capacity.capacity_source(settings.max_rows, plan_rows))
         _resident = Resident(settings=settings, r=r, pipeline=pipeline, heartbeat=heartbeat,
-                             deadline=deadline)
+                             deadline=deadline, max_rows=max_rows)
         return _resident
 
 

@@ -22,6 +22,7 @@ def render(job_id: str) -> None:
 
 def run_job(res: Resident, job_id: str) -> None:
     """Claim, render, publish, finish. Every outcome ends in one `transition`; a lost race leaves no files behind."""
+    from h3batch.worker.oom import OutOfMemoryError  # noqa: PLC0415  (torch)
     from h3batch.worker.pipeline import RenderCancelled  # noqa: PLC0415  (torch)
     from h3batch.worker.rank_group import RankGroupError  # noqa: PLC0415
 
@@ -39,6 +40,8 @@ def run_job(res: Resident, job_id: str) -> None:
         attempt.exit_for_restart(exc)
     except redis.exceptions.ConnectionError as exc:
         attempt.leave_to_reaper(exc)
+    except OutOfMemoryError as exc:  # the job fails gpu_out_of_memory; the worker frees the memory and goes on
+        attempt.finish_out_of_memory(exc)
     except Exception as exc:  # unexpected: the traceback goes to the log and a private record field, never the API
         attempt.finish_crashed(exc)
     finally:

@@ -150,3 +150,26 @@ def test_page_limit_reads_1_to_100(text, digits_only, expected):
         job_service.page_limit(text, digits_only=digits_only)
     assert (caught.value.status, caught.value.code) == (400, "invalid_request")
     assert caught.value.message == f"limit: expected an integer 1..100, found {text!r}"
+
+
+def test_a_request_over_the_fleets_capacity_is_422_and_writes_nothing(r, tmp_path):
+    """With a live worker advertising 3000 rows, a 256x128 15 s request (5654 rows) is 422 exceeds_worker_capacity
+    naming both figures, and nothing is written (no record, index entry or Idempotency-Key claim left); a 4 s one
+    (2404 rows) is queued. With no worker advertising anything, the large one is accepted."""
+    from h3batch.core import capacity
+
+    caller = make_caller(r, tmp_path)
+    large = CreateJob(prompt="rain", width=256, height=128, seconds=15)
+    record, _ = job_service.create_job(caller, large, JOBS, None, "")  # nothing advertised: accepted
+    assert record["status"] == "queued"
+    capacity.record(r, "w1", 3000)
+    with pytest.raises(ApiError) as caught:
+        job_service.create_job(caller, large, JOBS, "key-1", "fp")
+    error = caught.value
+    assert (error.status, error.code, error.retryable) == (422, "exceeds_worker_capacity", False)
+    assert "5654 rows" in error.message and "3000 rows" in error.message and "live worker" in error.message
+    assert r.zcard(keys.JOBS_INDEX) == 1 and r.zcard(keys.QUEUE) == 1
+    assert not list(r.scan_iter(match="h3b:idem:*"))
+    small, _ = job_service.create_job(caller, CreateJob(prompt="rain", width=256, height=128, seconds=4), VIDEOS,
+                                      "key-1", "fp2")
+    assert small["status"] == "queued" and r.zcard(keys.QUEUE) == 2

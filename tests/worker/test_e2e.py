@@ -195,6 +195,16 @@ def test_readyz_counts_the_worker(api, worker):
     assert body["checks"]["workers"]["releases"] and all(body["checks"]["workers"]["releases"])
 
 
+def test_heartbeat_advertises_the_contracts_largest_request_by_default(api, worker, r):
+    """Without H3BATCH_MAX_ROWS or a memory plan the tiny CPU worker advertises the rows of the largest request
+    the contract allows (15 s at 1344x768, longest prompt), so the API refuses nothing the contract accepts."""
+    from h3batch.core.geometry import CONTRACT_MAX_ROWS
+
+    assert json.loads(r.get(f"h3b:worker:{worker.name}"))["max_rows"] == CONTRACT_MAX_ROWS
+    assert json.loads(r.hget("h3b:capacity", worker.name))["max_rows"] == CONTRACT_MAX_ROWS
+    assert requests.get(f"{api.base}/readyz", timeout=10).json()["checks"]["workers"]["max_rows"] == CONTRACT_MAX_ROWS
+
+
 def test_job_survives_an_api_restart(redis_url, artifacts_dir, worker, tmp_path):
     """Kill -9 of the API mid-render loses nothing: a new API process on the same Redis shows the job continuing
     (progress not going back) to completed, and serves its MP4."""

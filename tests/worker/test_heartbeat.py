@@ -74,3 +74,14 @@ def test_stop_deletes_the_key_so_readers_stop_counting_the_worker(r):
     assert r.exists(keys.worker("hb-test"))
     beat.stop()
     assert not beat.is_alive() and not r.exists(keys.worker("hb-test"))
+
+
+def test_a_beat_with_max_rows_also_records_the_workers_capacity(r):
+    """`max_rows` in the heartbeat's info goes into the payload and the h3b:capacity hash the API reads; a worker
+    without the figure writes no capacity entry."""
+    Heartbeat(r, "hb-test", {"release_id": "rel", "max_rows": 4321}, [].append, Settings()).beat()
+    assert payload(r)["max_rows"] == 4321
+    entry = json.loads(r.hget(keys.CAPACITY, "hb-test"))
+    assert entry["max_rows"] == 4321 and entry["ts"] == payload(r)["ts"]
+    make_heartbeat(r, []).beat()
+    assert "max_rows" not in payload(r) and r.hkeys(keys.CAPACITY) == ["hb-test"]

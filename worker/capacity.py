@@ -1,0 +1,53 @@
+"""The largest request this worker serves, as its heartbeat advertises it (`max_rows`).
+
+The unit is a request's DiT sequence rows by the contract's capacity measure (`RequestGeometry.capacity_rows` in
+core/geometry.py: video + 2A audio rows + the 1024 text rows of the longest prompt), so the API can compare a request
+with it without loading a tokenizer. The API refuses larger requests with 422 `exceeds_worker_capacity`
+(core/capacity.py); a job that still reaches this worker over the limit fails with the same code (worker/attempt.py).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from h3batch.core.geometry import CONTRACT_MAX_ROWS
+
+
+def advertised_max_rows(override: int | None = None, plan_max_rows: int | None = None) -> int:
+    """The `max_rows` this worker advertises, in order of precedence:
+
+    1. `override`: H3BATCH_MAX_ROWS, when the operator set it (a node with less memory than the plan assumes, a
+       shared GPU, a test);
+    2. `plan_max_rows`: the largest row count the per-rank memory plan (worker/h3/memory_plan.py) fits for this
+       configuration (ranks, device memory, where the text encoder lives); pass None when there is no plan;
+    3. otherwise `CONTRACT_MAX_ROWS`, the rows of the largest request the contract allows (15 s at the 1344x768
+       area cap, longest prompt): no limit beyond the contract's own. This is what a CPU worker and the tiny
+       release advertise; a CUDA worker without a plan advertises it too and relies on out-of-memory handling
+       (worker/oom.py) for what does not fit.
+
+    Every figure is a positive integer; a plan figure that is not one raises ValueError (a bug in the plan, found at
+    start).
+    """
+    if override is not None:
+        return int(override)
+    if plan_max_rows is not None:
+        if isinstance(plan_max_rows, bool) or not isinstance(plan_max_rows, int) or plan_max_rows < 1:
+            raise ValueError(f"memory plan: max_rows must be a positive integer, got {plan_max_rows!r}")
+        return plan_max_rows
+    return CONTRACT_MAX_ROWS
+
+
+def plan_max_rows_of(pipeline: Any) -> int | None:
+    """The memory plan's `max_rows` for a loaded pipeline, None while it has none: the hook the plan plugs into.
+
+    Reads `pipeline.memory_plan.max_rows` when the loader attached a plan; the in-process and rank-group pipelines
+    of today attach none, so the worker advertises the contract's maximum (or H3BATCH_MAX_ROWS).
+    """
+    plan = getattr(pipeline, "memory_plan", None)
+    return None if plan is None else getattr(plan, "max_rows", None)
+
+
+def capacity_source(override: int | None, plan_max_rows: int | None) -> str:
+    """Which rule of `advertised_max_rows` gave the figure, for the start-up log line."""
+    if override is not None:
+        return "H3BATCH_MAX_ROWS"
+    return "memory plan" if plan_max_rows is not None else "contract maximum"
