@@ -31,7 +31,7 @@ from typing import Any
 
 import redis
 from flask import Blueprint, Flask, Response, current_app, g, request
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
@@ -77,7 +77,7 @@ class HttpRecorder:
             if self._pid != os.getpid():  # first request of this process (gunicorn forks after import)
                 self._pid, self._client = os.getpid(), client
                 threading.Thread(target=self._run, name="h3batch-metrics-flush", daemon=True).start()
-                atexit.register(self.flush_quietly)
+                atexit.register(self.flush_quietly, logging.DEBUG)  # at exit Redis may be gone first (tests)
 
     def _take(self):
         with self._lock:
@@ -114,11 +114,11 @@ class HttpRecorder:
             self._give_back(taken)
             raise
 
-    def flush_quietly(self) -> None:
+    def flush_quietly(self, level: int = logging.WARNING) -> None:
         try:
             self.flush()
         except redis.exceptions.RedisError as exc:
-            log.warning("request metrics not flushed error=%s", type(exc).__name__)
+            log.log(level, "request metrics not flushed error=%s", type(exc).__name__)
 
     def _run(self) -> None:
         while True:
@@ -187,7 +187,8 @@ def scrape():
     current_app.extensions[_EXTENSION_KEY].flush(r)  # this process's own requests are in the answer
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ServiceCollector(r, sweep_queue=current_app.config.get("SWEEP_QUEUE") or "loadrunner"))
-    response = Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    # Text format 0.0.4, which every Prometheus version reads (the names are ASCII, so 1.0.0 would read the same).
+    response = Response(generate_latest(registry), content_type=CONTENT_TYPE_PLAIN_0_0_4)
     response.headers["Cache-Control"] = "no-store"
     return response
 

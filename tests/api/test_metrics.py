@@ -83,7 +83,7 @@ class Client:
     def scrape(self) -> dict:
         reply = self.session.get(self.base + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
         assert reply.status_code == 200, reply.text
-        assert reply.headers["Content-Type"].startswith("text/plain")
+        assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         return parse(reply.text)
 
 
@@ -108,7 +108,7 @@ def stack(tmp_path_factory, tiny_release):
         yield {"api": api, "open_api": open_api, "worker": worker, "redis_url": url}
     finally:
         for process in reversed(started):
-            process.stop()
+            process.kill()  # nothing left to check: no need to wait for graceful stops
         proc.terminate()
         proc.wait(timeout=10)
 
