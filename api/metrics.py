@@ -100,7 +100,9 @@ class HttpRecorder:
             return
         hist = keys.metrics_histogram(metrics.HTTP_HISTOGRAM)
         try:
-            with client.pipeline(transaction=True) as pipe:  # all or nothing, so a retry never counts twice
+            # One MULTI: applied whole or not at all, so a failed flush can be re-added in full. The buffers hold one
+            # entry per method, route and status, so a long Redis outage costs no growing memory.
+            with client.pipeline(transaction=True) as pipe:
                 for (method, route, status), n in counts.items():
                     pipe.hincrby(keys.METRICS_HTTP, metrics.SEP.join((method, route, status)), n)
                 for (method, route, bound), n in buckets.items():
