@@ -2,8 +2,9 @@
 
 Every figure is read from Redis at scrape time by `ServiceCollector`, so one scrape of any API process shows the
 whole service: job counters and stage histograms that workers add in `core/jobs.py::transition` (core/metrics.py),
-queue depths from the broker lists, workers from their heartbeats, batches from `h3b:metrics:batches`, the load
-runner's last finished sweep from its store, and the HTTP counters every API process adds. Those come from
+queue depths from the broker lists, workers from their heartbeats, unfinished batches from core/batches.py's
+index (created and finished ones counted in `h3b:metrics:batches`), the load runner's last finished sweep from its
+store, and the HTTP counters every API process adds. Those come from
 `HttpRecorder`: each gunicorn process counts its own requests in memory and adds them to Redis every
 METRICS_FLUSH_S (and before it answers a scrape), so a request never waits on Redis for its metrics and a hung
 Redis cannot slow /healthz. prometheus_client's multiprocess mode would aggregate one host's gunicorn processes
@@ -261,10 +262,7 @@ class ServiceCollector:
             family.add_metric([state], states.get(state, 0))
         yield family
 
-        family = GaugeMetricFamily("h3batch_batches", "Batches now in each status", labels=["status"])
-        for status, n in sorted(batches.items()):
-            family.add_metric([status], float(n))
-        yield family
+        yield from _batch_families(r, batches)
 
         family = CounterMetricFamily("h3batch_http_requests", "API requests by method, route and status",
                                      labels=["method", "route", "status"])
@@ -276,6 +274,38 @@ class ServiceCollector:
         yield _histogram("h3batch_http_request_duration_seconds", "Seconds from a request's arrival to its "
                          "response headers", ["method", "route"], http_hist, defaults.HTTP_BUCKETS_S)
         yield from _sweep_families(sweep_store.last_finished(r))
+
+
+def open_batches(r: redis.Redis) -> Counter[str]:
+    """Unfinished batches (`h3b:batches:open`) by status: `queued` while every item is still held by the feeder
+    (none released to the workers, no cancel asked), else `in_progress`; two reads per open batch, not per item."""
+    ids = r.zrange(keys.BATCHES_OPEN, 0, -1)
+    with r.pipeline(transaction=False) as pipe:
+        for batch_id in ids:
+            pipe.hmget(keys.batch(batch_id), ["total", "cancel_requested"])
+            pipe.zcard(keys.batch_pending(batch_id))
+        found = pipe.execute()
+    out: Counter[str] = Counter({"queued": 0, "in_progress": 0})
+    for (total, cancel_requested), pending in zip(found[::2], found[1::2]):
+        if total is None:
+            continue  # deleted between the two reads
+        held = int(pending) == int(total) and not cancel_requested
+        out["queued" if held else "in_progress"] += 1
+    return out
+
+
+def _batch_families(r: redis.Redis, counted: dict[str, str]):
+    family = GaugeMetricFamily("h3batch_batches", "Unfinished batches by status (queued: no item released to the "
+                               "workers yet)", labels=["status"])
+    for status, n in sorted(open_batches(r).items()):
+        family.add_metric([status], n)
+    yield family
+    yield CounterMetricFamily("h3batch_batches_created", "Batches created", value=float(counted.get("created", 0)))
+    family = CounterMetricFamily("h3batch_batches_finished", "Batches finished, by final status",
+                                 labels=["status"])
+    for status in ("completed", "cancelled"):
+        family.add_metric([status], float(counted.get(status, 0)))
+    yield family
 
 
 _POINT_GAUGES = (

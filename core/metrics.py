@@ -73,15 +73,18 @@ def count_transition(pipe: redis.client.Pipeline, old: str, to: str, update: dic
                 observe(pipe, STAGE_HISTOGRAM, (stage,), max(0.0, float(value)), defaults.STAGE_BUCKETS_S)
 
 
-def count_batch_status(pipe: redis.client.Pipeline, old: str | None, new: str | None) -> None:
-    """Queue the gauge update of one batch status change on `pipe`: `old` None for a new batch, `new` None for a
-    deleted one. The batch code calls this in the MULTI that changes the batch's status."""
-    if old == new:
-        return
-    if old is not None:
-        pipe.hincrby(keys.METRICS_BATCHES, old, -1)
-    if new is not None:
-        pipe.hincrby(keys.METRICS_BATCHES, new, 1)
+def count_batch_created(pipe: redis.client.Pipeline, items: int) -> None:
+    """Queue the counts of a new batch on `pipe` (core/batches.py::create_batch, in its MULTI): the batch, and its
+    items as jobs entering `queued` (they are created by the batch's own script, not by jobs.create_job)."""
+    pipe.hincrby(keys.METRICS_BATCHES, "created", 1)
+    if items:
+        pipe.hincrby(keys.METRICS_JOBS, "queued", items)
+
+
+def count_batch_finished(pipe: redis.client.Pipeline, status: str) -> None:
+    """Queue the count of a batch reaching its final status (`completed` or `cancelled`) on `pipe`
+    (core/batches.py::check_finished, in the MULTI of the one call that stamps it finished)."""
+    pipe.hincrby(keys.METRICS_BATCHES, status, 1)
 
 
 def parse_histogram(raw: dict[str, str]) -> dict[tuple[str, ...], dict[str, Any]]:

@@ -214,18 +214,44 @@ def test_queue_depth_and_workers_mid_render_and_after(scenario):
     assert value(samples, "h3batch_queue_depth", queue="loadrunner") == 1  # no sweep worker runs here
 
 
-def test_batches_gauge_follows_the_batch_status_contract(stack, scenario):
-    r = redis.Redis.from_url(stack["redis_url"], decode_responses=True)
-    with r.pipeline(transaction=True) as pipe:
-        metrics.count_batch_status(pipe, None, "queued")
-        metrics.count_batch_status(pipe, None, "queued")
-        metrics.count_batch_status(pipe, None, "queued")
-        metrics.count_batch_status(pipe, "queued", "in_progress")
-        metrics.count_batch_status(pipe, "queued", None)  # deleted
-        pipe.execute()
+def test_batches_by_status_through_the_batch_api(stack):
+    """A batch submitted where no worker beats (another Redis DB, the app in-process): it stays `queued` with every
+    item held; once the feeder releases one item (as a worker's heartbeat would, given one free slot) it is
+    `in_progress`; cancelled, it finishes and moves to the finished counter."""
+    from h3batch.api import create_app  # noqa: PLC0415
+    from h3batch.core import batches  # noqa: PLC0415
+
+    url = _other_db(stack)
+    r = redis.Redis.from_url(url, decode_responses=True)
+    r.flushdb()
+    client = create_app({"REDIS_URL": url, "METRICS_TOKEN": None}).test_client()
+
+    def scrape() -> dict:
+        reply = client.get("/metrics")
+        assert reply.status_code == 200, reply.get_data(as_text=True)
+        return parse(reply.get_data(as_text=True))
+
+    made = client.post("/batches", json={"requests": [{"prompt": "a fox", **SMALL}, {"prompt": "a hen", **SMALL}]})
+    assert made.status_code == 202, made.get_json()
+    batch_id = made.get_json()["id"]
+    samples = scrape()
+    assert value(samples, "h3batch_batches", status="queued") == 1
+    assert value(samples, "h3batch_batches", status="in_progress") == 0
+    assert value(samples, "h3batch_batches_created_total") == 1
+    assert value(samples, "h3batch_jobs_total", status="queued") == 2  # its items, created queued (held)
+    sent: list[str] = []
+    assert len(batches.feed(r, sent.append, capacity=1)) == 1 and len(sent) == 1
+    samples = scrape()
+    assert value(samples, "h3batch_batches", status="queued") == 0
+    assert value(samples, "h3batch_batches", status="in_progress") == 1
+    assert client.post(f"/batches/{batch_id}/cancel").status_code in (200, 202)
+    samples = scrape()
+    assert value(samples, "h3batch_batches", status="in_progress") == 0
+    assert value(samples, "h3batch_batches_finished_total", status="cancelled") == 1
+    assert value(samples, "h3batch_batches_finished_total", status="completed") == 0
+    assert value(samples, "h3batch_jobs_total", status="cancelled") == 2
+    r.flushdb()
     r.close()
-    got = {dict(k)["status"]: v for k, v in series(scenario["client"].scrape(), "h3batch_batches").items()}
-    assert got == {"queued": 1, "in_progress": 1}
 
 
 def test_last_finished_sweep_results(stack, scenario):
