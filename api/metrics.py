@@ -67,6 +67,7 @@ class HttpRecorder:
         self._totals: Counter[tuple[str, str]] = Counter()
         self._client: redis.Redis | None = None
         self._pid: int | None = None
+        self._failing = False
 
     def observe(self, client: redis.Redis, method: str, route: str, status: int, seconds: float) -> None:
         bound = metrics.bucket_for(seconds, defaults.HTTP_BUCKETS_S)
@@ -118,10 +119,17 @@ class HttpRecorder:
             raise
 
     def flush_quietly(self, level: int = logging.WARNING) -> None:
+        """Flush; a Redis outage is logged once when it starts and once when it ends, not every second."""
         try:
             self.flush()
         except redis.exceptions.RedisError as exc:
-            log.log(level, "request metrics not flushed error=%s", type(exc).__name__)
+            if not self._failing:
+                log.log(level, "request metrics not flushed (kept for the next try) error=%s", type(exc).__name__)
+            self._failing = True
+        else:
+            if self._failing:
+                log.info("request metrics flushed again")
+            self._failing = False
 
     def _run(self) -> None:
         while True:

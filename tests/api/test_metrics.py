@@ -331,3 +331,17 @@ def test_api_keys_do_not_open_metrics_and_metrics_needs_no_key(stack):
     assert client.get("/metrics", headers={"Authorization": "Bearer a-job-key"}).status_code == 401
     assert client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
     assert client.get("/jobs", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 401
+
+
+def test_a_scrape_while_redis_is_down_is_a_503_with_the_error_body():
+    """Nothing listens on the port: the scrape answers 503 storage_unavailable (retryable), and the request counts
+    it could not flush are kept for later rather than lost or raised into other requests."""
+    from h3batch.api import create_app  # noqa: PLC0415
+    from tests.conftest import free_port  # noqa: PLC0415
+
+    client = create_app({"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "METRICS_TOKEN": None}).test_client()
+    assert client.get("/healthz").status_code == 200  # counted in memory; never waits on Redis
+    reply = client.get("/metrics")
+    assert reply.status_code == 503, reply.get_data(as_text=True)
+    error = reply.get_json()["error"]
+    assert error["code"] == "storage_unavailable" and error["retryable"] is True
