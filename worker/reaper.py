@@ -42,7 +42,7 @@ from typing import Callable
 import redis
 
 from h3batch.core import defaults, jobs, keys, lease
-from h3batch.core.broker import ready_depth, ready_lists  # noqa: F401  (ready_depth: worker/watchdog.py reads it here)
+from h3batch.core.broker import ready_lists
 from h3batch.core.jobs import JobStatus, Stage
 
 log = logging.getLogger("h3batch.worker")
