@@ -370,6 +370,8 @@ def list_batches(r: redis.Redis, owner: str, *, limit: int, after: str | None = 
 def remember_crc(r: redis.Redis, batch_id: str, job_id: str, crc: int, size: int) -> None:
     """Keep the CRC-32 of an item's MP4 (with the size it was computed over) for later archive requests."""
     ttl = int(r.ttl(keys.batch(batch_id)))
+    if ttl == -2:
+        return  # the batch is gone (deleted while its archive was being served)
     with r.pipeline(transaction=True) as pipe:
         pipe.hset(keys.batch_crc(batch_id), job_id, f"{crc}:{size}")
         if ttl > 0:  # a finished batch's keys expire together
