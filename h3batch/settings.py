@@ -180,6 +180,8 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
     ("H3BATCH_MAX_QUEUED", "max_queued", "1000", _positive_int, "service",
      "queued jobs at which POST /jobs answers 503 queue_full"),
     ("H3BATCH_MAX_PROMPT_CHARS", "max_prompt_chars", "4000", _positive_int, "service", "longest prompt accepted"),
+    ("H3BATCH_MAX_BATCH", "max_batch", "1000", _positive_int, "service",
+     "most job requests one POST /batches may carry (400 batch_too_large above it)"),
     ("H3BATCH_LEASE_TTL_S", "lease_ttl_s", "30", _positive_float, "service",
      "a running job's lease lapses this long after its worker's last heartbeat (heartbeat period = min(5 s, "
      "TTL/3)); the reconciler then re-enqueues the job"),
@@ -213,6 +215,9 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
     ("H3BATCH_CANVAS", "canvas", "tiny", _choice("tiny", "v2"), "api",
      "canvas of the release the workers serve, for requests that leave the size out or give `aspect_ratio`: "
      "`tiny` (256x128, buckets at 256x128 pixels) or `v2` (1344x768, FastH3 V2's §7 buckets)"),
+    ("H3BATCH_METRICS_TOKEN", "metrics_token", "(unset: loopback only)", _text, "api",
+     "Bearer token GET /metrics requires (Prometheus' `authorization` credentials); unset, only loopback clients "
+     "without proxy headers may scrape"),
     ("H3BATCH_OPENAI_MODEL", "openai_model", "FastVideo/FastVideo-FastH3-8-Step-V2", _text, "api",
      "the `model` name /v1/videos reports and accepts"),
     # worker
@@ -308,6 +313,7 @@ class Settings:
     result_ttl_s: int = 86_400
     max_queued: int = 1000
     max_prompt_chars: int = 4000
+    max_batch: int = 1000
     lease_ttl_s: float = 30.0
     reconcile_interval_s: float = 10.0
     log_format: str = "kv"
@@ -323,6 +329,7 @@ class Settings:
     sse_max_s: float = 300.0
     sse_keepalive_s: float = 15.0
     canvas: str = "tiny"
+    metrics_token: str | None = field(default=None, repr=False)  # secret: never in repr or logs
     openai_model: str = "FastVideo/FastVideo-FastH3-8-Step-V2"
     hf_cache: Path | None = None
     require_pinned_base: bool = False

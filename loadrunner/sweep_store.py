@@ -126,3 +126,16 @@ def list_sweeps(r: redis.Redis, limit: int = 50, owner: str | None = None) -> li
             if record is not None and visible_to(record, owner) and len(found) < limit:
                 found.append(record)
     return found
+
+
+def last_finished(r: redis.Redis, scan: int = 200) -> dict | None:
+    """The newest sweep (by creation) among the `scan` newest that has finished, `done` or `failed`, without its
+    points; None when there is none (the metrics' "last sweep")."""
+    ids = [_text(i) for i in r.zrevrange(INDEX_KEY, 0, scan - 1)]
+    finished = (SweepStatus.DONE.value, SweepStatus.FAILED.value)
+    for start in range(0, len(ids), 50):  # one MGET per 50 records: a scrape costs a few round trips
+        for raw in r.mget([SWEEP_KEY.format(sweep_id=i) for i in ids[start:start + 50]]):
+            record = json.loads(_text(raw)) if raw else None
+            if record is not None and record.get("status") in finished:
+                return record
+    return None

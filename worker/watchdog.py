@@ -24,9 +24,8 @@ from typing import Callable, Mapping
 
 import redis
 
-from h3batch.core import keys
+from h3batch.core import broker, keys
 from h3batch.core.exceptions import ConfigError
-from h3batch.worker import reaper
 from h3batch.worker.heartbeat import WorkerState
 
 log = logging.getLogger("h3batch.worker")
@@ -90,7 +89,7 @@ class Watchdog(threading.Thread):
             if not self._armed.is_set():
                 continue
             try:
-                waiting = sum(reaper.ready_depth(self.r, q) for q in self.queues)
+                waiting = sum(broker.ready_depth(self.r, q) for q in self.queues)
             except redis.exceptions.RedisError:
                 continue  # cannot tell while Redis is away
             if waiting == 0 or self.state() is WorkerState.BUSY:
