@@ -94,3 +94,34 @@ def test_every_variable_is_documented(compose):
     used |= {var.name for var in VARS}
     missing = sorted(used - documented)
     assert not missing, f"undocumented in docs/service.md: {missing}"
+
+
+def test_ops_profile_runs_flower_for_both_apps_and_prometheus_scraping_the_api(compose):
+    """Profile `ops` holds the two Flowers (render app by broker URL, sweep app by -A) and Prometheus, each published
+    on loopback only; Prometheus sends the API's metrics token from the compose secret that carries
+    H3BATCH_METRICS_TOKEN, which the API is given too; the default `compose up` starts none of them."""
+    services = compose["services"]
+    ops = {name for name, service in services.items() if "ops" in service.get("profiles", [])}
+    assert ops == {"flower", "flower-sweeps", "prometheus"}
+    assert not [name for name in services if name not in ops and services[name].get("profiles")]
+    for name in ops:
+        assert all(str(port).startswith("127.0.0.1:") for port in services[name]["ports"]), name
+    assert "--broker=redis://redis:6379/0" in services["flower"]["command"]
+    assert services["flower"]["command"][services["flower"]["command"].index("--broker=redis://redis:6379/0") + 1] \
+        == "flower"
+    assert services["flower-sweeps"]["command"][:3] == ["celery", "-A", "h3batch.loadrunner.celery_app"]
+    for name in ("flower", "flower-sweeps"):
+        assert "--read-only" in services[name]["command"] and "FLOWER_BASIC_AUTH" in services[name]["environment"]
+    prometheus = services["prometheus"]
+    config_mount = next(v for v in prometheus["volumes"] if v.endswith(":/etc/prometheus/prometheus.yml:ro"))
+    config = yaml.safe_load((REPO / config_mount.split(":")[0]).read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    api_job = jobs["h3batch-api"]
+    assert api_job["metrics_path"] == "/metrics"
+    assert api_job["static_configs"][0]["targets"] == ["api:8000"]
+    (secret,) = prometheus["secrets"]
+    assert api_job["authorization"] == {"type": "Bearer", "credentials_file": f"/run/secrets/{secret}"}
+    assert compose["secrets"][secret] == {"environment": "H3BATCH_METRICS_TOKEN"}
+    assert services["api"]["environment"]["H3BATCH_METRICS_TOKEN"] == "${H3BATCH_METRICS_TOKEN:-}"
+    flower_targets = {t for group in jobs["flower"]["static_configs"] for t in group["targets"]}
+    assert flower_targets == {"flower:5555", "flower-sweeps:5555"}
