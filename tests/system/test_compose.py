@@ -54,8 +54,12 @@ def test_build_contexts_and_dockerfiles_exist(compose):
 
 
 def test_every_service_has_a_healthcheck_and_depends_on_healthy_redis(compose):
-    """Each service has a healthcheck test; api and gpu-worker wait for Redis to be healthy."""
+    """Each long-running service has a healthcheck test (a one-shot job, `restart: "no"`, exits instead); api and
+    gpu-worker wait for Redis to be healthy."""
     for name, service in compose["services"].items():
+        if service.get("restart") == "no":
+            assert "healthcheck" not in service, f"one-shot {name} has a healthcheck"
+            continue
         assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
     for name in ("api", "gpu-worker"):
         assert compose["services"][name]["depends_on"]["redis"]["condition"] == "service_healthy"
@@ -103,7 +107,8 @@ def test_ops_profile_runs_flower_for_both_apps_and_prometheus_scraping_the_api(c
     services = compose["services"]
     ops = {name for name, service in services.items() if "ops" in service.get("profiles", [])}
     assert ops == {"flower", "flower-sweeps", "prometheus"}
-    assert not [name for name in services if name not in ops and services[name].get("profiles")]
+    profiled = {name for name, service in services.items() if service.get("profiles")}
+    assert profiled == ops | {"minio", "minio-init"}
     for name in ops:
         assert all(str(port).startswith("127.0.0.1:") for port in services[name]["ports"]), name
     assert "--broker=redis://redis:6379/0" in services["flower"]["command"]
@@ -125,3 +130,23 @@ def test_ops_profile_runs_flower_for_both_apps_and_prometheus_scraping_the_api(c
     assert services["api"]["environment"]["H3BATCH_METRICS_TOKEN"] == "${H3BATCH_METRICS_TOKEN:-}"
     flower_targets = {t for group in jobs["flower"]["static_configs"] for t in group["targets"]}
     assert flower_targets == {"flower:5555", "flower-sweeps:5555"}
+
+
+def test_s3_profile_runs_a_minio_whose_bucket_and_keys_the_api_and_worker_use(compose):
+    """Profile `s3`: a MinIO whose root user is the AWS key pair the api and gpu-worker get, and a one-shot that
+    creates the bucket named by the same H3BATCH_ARTIFACT_STORE; both h3batch services read the store settings."""
+    services = compose["services"]
+    minio, init = services["minio"], services["minio-init"]
+    assert minio["profiles"] == init["profiles"] == ["s3"]
+    assert init["depends_on"]["minio"]["condition"] == "service_healthy"
+    assert minio["environment"]["MINIO_ROOT_USER"] == init["environment"]["MINIO_ROOT_USER"] \
+        == "${AWS_ACCESS_KEY_ID:-}"
+    assert "mc mb --ignore-existing" in init["entrypoint"][-1]
+    assert init["environment"]["H3BATCH_ARTIFACT_STORE"].startswith("${H3BATCH_ARTIFACT_STORE")
+    assert all(str(port).startswith("127.0.0.1:") for port in minio["ports"])
+    for name in ("api", "gpu-worker"):
+        env = services[name]["environment"]
+        for var in ("H3BATCH_ARTIFACT_STORE", "H3BATCH_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+                    "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+            assert var in env, f"{name} lacks {var}"
+    assert "H3BATCH_ARTIFACT_REDIRECT" in services["api"]["environment"]
