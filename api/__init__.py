@@ -18,7 +18,7 @@ _REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _FROM_SETTINGS = ("redis_url", "max_queued", "max_prompt_chars", "max_run_s", "result_ttl_s", "api_threads",
                   "wait_max", "wait_max_per_key", "sse_max_streams", "sse_max_streams_per_key", "sse_max_s",
                   "sse_keepalive_s", "openai_model", "canvas", "sweep_queue", "sweep_allow_loopback",
-                  "sweep_allow_private")
+                  "sweep_allow_private", "metrics_token")
 """Settings fields the API reads as they are, under their names in capitals (`CANVAS`: a name of
 core.geometry.CANVAS_PROFILES); the rest are converted below."""
 
@@ -51,6 +51,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         errors,
         health,
         jobs,
+        metrics,
         openai_videos,
         openapi,
         ratelimit,
@@ -62,6 +63,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     )
 
     app.before_request(_start_request)
+    metrics.init_metrics(app)  # first after_request registered, so it runs last and counts the final status
     errors.register_error_handlers(app)
     auth.init_auth(app)
     ratelimit.init_rate_limit(app)  # after auth: limits are per API key

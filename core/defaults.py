@@ -82,3 +82,13 @@ PROGRESS_AT_STAGE = {"queued": 0.0, "text_encode": 0.02, "denoise": 0.05, "decod
 """Progress (0..1) when a stage starts; denoise steps fill 0.05..0.85 evenly, `completed` is exactly 1.0."""
 DENOISE_SPAN = 0.80
 """Share of progress the 8 denoise steps cover."""
+
+STAGE_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+                   3600.0)
+"""Histogram bucket bounds (s) of the stage durations and the queue wait on /metrics (tiny CPU renders sit low,
+H200 renders around 1-60 s, queue waits up to an hour; anything longer lands in +Inf)."""
+HTTP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+"""Histogram bucket bounds (s) of API request latency on /metrics (plain requests take milliseconds; long-poll
+waits up to MAX_WAIT_S)."""
+METRICS_FLUSH_S = 1.0
+"""How often each API process adds its request counts to Redis (a scrape also flushes the process serving it)."""

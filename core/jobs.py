@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 
-from h3batch.core import defaults, keys
+from h3batch.core import defaults, keys, metrics
 
 
 class JobStatus(str, enum.Enum):
@@ -146,7 +146,7 @@ class QueueFull(Exception):
 
 # One atomic step: refuse when the queue holds `cap` jobs, else number the job and write record, indexes, queue
 # entry and first event. A check in Python before a MULTI lets concurrent creates all pass the check (issue 17 #9).
-# KEYS: queue, seq, record, jobs index, owner index, owner-status(queued) index, events.
+# KEYS: queue, seq, record, jobs index, owner index, owner-status(queued) index, events, status counters.
 # ARGV: cap (0: none), job id, event data, events kept, then the record's field/value pairs.
 _CREATE = """
 local cap = tonumber(ARGV[1])
@@ -158,6 +158,7 @@ redis.call('zadd', KEYS[5], seq, ARGV[2])
 redis.call('zadd', KEYS[6], seq, ARGV[2])
 redis.call('zadd', KEYS[1], seq, ARGV[2])
 redis.call('xadd', KEYS[7], 'MAXLEN', '~', ARGV[4], '*', 'event', 'status', 'data', ARGV[3])
+redis.call('hincrby', KEYS[8], 'queued', 1)
 return seq
 """
 
@@ -183,8 +184,8 @@ def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None,
     if spec.api != "jobs":
         record["api"] = spec.api
     pairs = [item for field_value in _encode(record).items() for item in field_value]
-    seq = r.eval(_CREATE, 7, keys.QUEUE, keys.SEQ, keys.job(job_id), keys.JOBS_INDEX, keys.owner_jobs(spec.owner),
-                 keys.owner_status(spec.owner, JobStatus.QUEUED.value), keys.events(job_id),
+    seq = r.eval(_CREATE, 8, keys.QUEUE, keys.SEQ, keys.job(job_id), keys.JOBS_INDEX, keys.owner_jobs(spec.owner),
+                 keys.owner_status(spec.owner, JobStatus.QUEUED.value), keys.events(job_id), keys.METRICS_JOBS,
                  max_queued or 0, job_id, json.dumps({"status": JobStatus.QUEUED.value}), EVENTS_KEPT, *pairs)
     if int(seq) < 0:
         raise QueueFull(f"{max_queued} jobs are queued")
@@ -220,7 +221,8 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
       3. XADD a `status` event (`completed`, `failed` or `cancelled` for those) to the job's event stream;
       4. move the id from the owner's index of the old status to the new one's;
       5. on a finished status, EXPIRE record and stream after `record_ttl_s` (noting when in `h3b:expiry`, so the
-         reaper can drop the index entries once the record is gone) and PUBLISH on its done channel.
+         reaper can drop the index entries once the record is gone) and PUBLISH on its done channel;
+      6. add to the metrics hashes (core/metrics.py: status and error counters, queue wait, stage durations).
     """
     key = keys.job(job_id)
     now = time.time() if now is None else now
@@ -228,7 +230,7 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
         while True:
             try:
                 pipe.watch(key)
-                current = pipe.hmget(key, ["status", "attempt", "seq", "owner"])
+                current = pipe.hmget(key, ["status", "attempt", "seq", "owner", "created_at"])
                 if current[0] is None:
                     pipe.unwatch()
                     return None
@@ -271,6 +273,8 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
                     pipe.publish(keys.done_channel(job_id), to.value)
                 if hook:
                     pipe.zadd(keys.WEBHOOKS_DUE, {f"{job_id}:{to.value}": now})
+                metrics.count_transition(pipe, status.value, to.value, update, attempt=attempt,
+                                         created_at=float(current[4]) if current[4] else None, now=now)
                 pipe.execute()
                 break
             except redis.WatchError:

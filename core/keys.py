@@ -21,6 +21,12 @@
 | `h3b:stats` | hash | counters: `model_loads` (one per Pipeline.load), `lease_contention` |
 | `h3b:runs:{id}` | hash | per-job execution counters (`started`, `rendered`, `requeues`, `requeued_at`, `resent`); TTL like the record |
 | `h3b:rate:{owner}:{bucket}` | hash | token bucket of one API key (`tokens`, `ts_ms`) |
+| `h3b:metrics:jobs` | hash | counter per status: transitions into it (`queued` counts creations and requeues) |
+| `h3b:metrics:errors` | hash | counter per error code of jobs that failed |
+| `h3b:metrics:hist:{name}` | hash | histogram `stage`, `queue_wait` or `http`: per label set, the count in each bucket (not |
+| | | cumulative), the sum and the count (field names: core/metrics.py; api/metrics.py reads them on scrape) |
+| `h3b:metrics:http` | hash | counter per method, route and status of API requests (each API process adds its own) |
+| `h3b:metrics:batches` | hash | gauge: batches now in each status (+1/-1 on every batch status change, -1 on delete) |
 
 Celery's own keys (`render` list, `_kombu.*`, `unacked*`) live beside these in the same DB; the load runner's Celery
 app prefixes all of its own with `h3batch-lr:` (loadrunner/celery_app.py), so the two apps never share `unacked`.
@@ -42,6 +48,15 @@ Written by core/jobs.py::transition in the MULTI that finishes a job; read by wo
 
 
 EXPIRY = f"{PREFIX}:expiry"
+
+METRICS_JOBS = f"{PREFIX}:metrics:jobs"
+METRICS_ERRORS = f"{PREFIX}:metrics:errors"
+METRICS_HTTP = f"{PREFIX}:metrics:http"
+METRICS_BATCHES = f"{PREFIX}:metrics:batches"
+
+
+def metrics_histogram(name: str) -> str:
+    return f"{PREFIX}:metrics:hist:{name}"  # hash: one histogram's bucket counts, sums and counts per label set
 
 
 def owner_jobs(owner: str) -> str:

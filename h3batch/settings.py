@@ -196,6 +196,9 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
     ("H3BATCH_CANVAS", "canvas", "tiny", _choice("tiny", "v2"), "api",
      "canvas of the release the workers serve, for requests that leave the size out or give `aspect_ratio`: "
      "`tiny` (256x128, buckets at 256x128 pixels) or `v2` (1344x768, FastH3 V2's §7 buckets)"),
+    ("H3BATCH_METRICS_TOKEN", "metrics_token", "(unset: loopback only)", _text, "api",
+     "Bearer token GET /metrics requires (Prometheus' `authorization` credentials); unset, only loopback clients "
+     "without proxy headers may scrape"),
     ("H3BATCH_OPENAI_MODEL", "openai_model", "FastVideo/FastVideo-FastH3-8-Step-V2", _text, "api",
      "the `model` name /v1/videos reports and accepts"),
     # worker
@@ -300,6 +303,7 @@ class Settings:
     sse_max_s: float = 300.0
     sse_keepalive_s: float = 15.0
     canvas: str = "tiny"
+    metrics_token: str | None = field(default=None, repr=False)  # secret: never in repr or logs
     openai_model: str = "FastVideo/FastVideo-FastH3-8-Step-V2"
     hf_cache: Path | None = None
     require_pinned_base: bool = False

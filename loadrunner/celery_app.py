@@ -8,7 +8,7 @@ from __future__ import annotations
 from celery import Celery
 from celery.schedules import crontab, schedule
 
-from h3batch.loadrunner.sweep_settings import ScheduleEntry, SweepSettings
+from h3batch.loadrunner.sweep_settings import KEY_PREFIX, ScheduleEntry, SweepSettings
 
 START_SWEEP = "loadrunner.start_sweep"
 RUN_POINT = "loadrunner.run_point"
@@ -19,10 +19,6 @@ POINT_TIME_LIMIT_S = 2 * 3600
 """Longest a sweep task may run (Celery `task_time_limit` under a prefork pool; `run_point` also bounds its own
 load run by it under the solo pool `h3batch sweep-worker` uses). Well under VISIBILITY_TIMEOUT_S, so a running point
 is never handed out again."""
-KEY_PREFIX = "h3batch-lr:"
-"""kombu `global_keyprefix` of this app: its queue lists and, above all, its `unacked` hash are its own even on the
-GPU app's Redis DB. kombu restores unacked messages per hash by each consumer's own visibility timeout, so on a
-shared hash a GPU worker (2 x H3BATCH_MAX_RUN_S) re-queued a 6 h sweep point and it ran twice."""
 
 
 def beat_schedule(entries: tuple[ScheduleEntry, ...], queue: str) -> dict:

@@ -16,6 +16,11 @@ DEFAULT_REDIS_URL = _DEFAULTS.redis_url
 DEFAULT_RESULTS_DIR = str(_DEFAULTS.sweep_results_dir)
 DEFAULT_QUEUE = _DEFAULTS.sweep_queue
 DEFAULT_BEAT_LOCK_TTL_S = _DEFAULTS.beat_lock_ttl_s
+KEY_PREFIX = "h3batch-lr:"
+"""kombu `global_keyprefix` of the sweep Celery app (loadrunner/celery_app.py): its queue lists and, above all, its
+`unacked` hash are its own even on the GPU app's Redis DB. kombu restores unacked messages per hash by each
+consumer's own visibility timeout, so on a shared hash a GPU worker (2 x H3BATCH_MAX_RUN_S) re-queued a 6 h sweep
+point and it ran twice. Here (stdlib) so the API's metrics can find the sweep queue's list without Celery."""
 
 
 class SweepConfigError(ConfigError):

@@ -126,3 +126,13 @@ def list_sweeps(r: redis.Redis, limit: int = 50, owner: str | None = None) -> li
             if record is not None and visible_to(record, owner) and len(found) < limit:
                 found.append(record)
     return found
+
+
+def last_finished(r: redis.Redis, scan: int = 200) -> dict | None:
+    """The newest sweep (by creation) among the `scan` newest that has finished, `done` or `failed`, without its
+    points; None when there is none (the metrics' "last sweep")."""
+    ids = [_text(i) for i in r.zrevrange(INDEX_KEY, 0, scan - 1)]
+    for record in (get_record(r, i) for i in ids):
+        if record is not None and record.get("status") in (SweepStatus.DONE.value, SweepStatus.FAILED.value):
+            return record
+    return None

@@ -60,8 +60,9 @@ def wait_http(url: str, timeout_s: float = 30.0, proc: subprocess.Popen | None =
 class ApiProcess:
     """`h3batch api` (gunicorn) on a fixed port; can be killed and started again on the same port."""
 
-    def __init__(self, env: dict[str, str], log_path: Path):
+    def __init__(self, env: dict[str, str], log_path: Path, workers: int = 1):
         self.env = env
+        self.workers = workers
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -69,7 +70,8 @@ class ApiProcess:
 
     def start(self) -> None:
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(H3BATCH + ["api", "--port", str(self.port), "--threads", "8"], env=self.env,
+        self.proc = subprocess.Popen(H3BATCH + ["api", "--port", str(self.port), "--threads", "8",
+                                              "--workers", str(self.workers)], env=self.env,
                                      cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_http(self.base + "/healthz", proc=self.proc)
 

@@ -42,15 +42,13 @@ from typing import Callable
 import redis
 
 from h3batch.core import defaults, jobs, keys, lease
+from h3batch.core.broker import ready_depth, ready_lists  # noqa: F401  (ready_depth: worker/watchdog.py reads it here)
 from h3batch.core.jobs import JobStatus, Stage
 
 log = logging.getLogger("h3batch.worker")
 
 KOMBU_UNACKED = "unacked"
 KOMBU_UNACKED_INDEX = "unacked_index"
-KOMBU_PRIORITY_SEP = "\x06\x16"
-KOMBU_PRIORITY_STEPS = (3, 6, 9)
-"""kombu's Redis transport keeps priority p > 0 messages of queue q in the list `q\\x06\\x16p` (steps 0, 3, 6, 9)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +78,7 @@ def _job_id_of(raw_message: str | bytes) -> str | None:
 def messages_waiting(r: redis.Redis, queue: str = defaults.RENDER_QUEUE) -> set[str]:
     """Job ids with a render message in the broker's ready lists of `queue` (all priorities)."""
     found: set[str] = set()
-    for name in [queue] + [f"{queue}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS]:
+    for name in ready_lists(queue):
         for raw in r.lrange(name, 0, -1):
             job_id = _job_id_of(raw)
             if job_id:
@@ -105,15 +103,6 @@ def messages_taken_since(r: redis.Redis, since: float) -> set[str]:
         if job_id:
             found.add(job_id)
     return found
-
-
-def ready_depth(r: redis.Redis, queue: str = defaults.RENDER_QUEUE) -> int:
-    """Messages waiting in the broker for `queue` (all priorities): the work an idle consumer should be taking."""
-    names = [queue] + [f"{queue}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS]
-    with r.pipeline(transaction=False) as pipe:
-        for name in names:
-            pipe.llen(name)
-        return sum(int(n) for n in pipe.execute())
 
 
 def reap(r: redis.Redis, send: Callable[[str], None], *, grace_s: float, record_ttl_s: int,
