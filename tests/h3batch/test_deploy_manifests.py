@@ -304,3 +304,13 @@ def test_the_checks_catch_what_they_should():
             check_variable(name, "t")
     with pytest.raises(pytest.fail.Exception, match="H3BATCH_RANKS"):
         check_settings_values({"H3BATCH_RANKS": "four"}, "t")
+
+
+def test_deploy_doc_names_the_files_it_describes():
+    """docs/deploy.md links the manifest, names both compose profiles and the store settings it tells one to set."""
+    text = (REPO / "docs" / "deploy.md").read_text()
+    assert "deploy/k8s/h3batch.yaml" in text and "--profile s3" in text and "--profile ops" in text
+    for name in ("H3BATCH_ARTIFACT_STORE", "H3BATCH_S3_ENDPOINT_URL", "H3BATCH_ARTIFACT_REDIRECT", "H3BATCH_REDIS_URL",
+                 "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert name in text, name
+        check_variable(name, "docs/deploy.md")
