@@ -82,3 +82,13 @@ PROGRESS_AT_STAGE = {"queued": 0.0, "text_encode": 0.02, "denoise": 0.05, "decod
 """Progress (0..1) when a stage starts; denoise steps fill 0.05..0.85 evenly, `completed` is exactly 1.0."""
 DENOISE_SPAN = 0.80
 """Share of progress the 8 denoise steps cover."""
+
+PRESIGNED_URL_TTL_S = 300
+"""Life of a presigned download URL (H3BATCH_ARTIFACT_REDIRECT=1): long enough to start a download, short enough
+that a leaked link soon stops working. S3 checks it when the GET starts, so a slow download still finishes."""
+
+STORE_PART_BYTES = 8 * 1024 * 1024
+"""Part size of the multipart upload of an artifact to S3 (S3's minimum is 5 MiB for every part but the last)."""
+
+STORE_CHUNK_BYTES = 256 * 1024
+"""Chunk size when streaming an object from S3 through the API."""
