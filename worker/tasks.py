@@ -8,6 +8,7 @@ import redis
 from celery import shared_task
 
 from h3batch.core import defaults, lease
+from h3batch.core.artifact_store import StoreUnavailable
 from h3batch.core.exceptions import JobError
 from h3batch.settings import Settings
 from h3batch.worker.attempt import Attempt
@@ -37,7 +38,7 @@ def run_job(res: Resident, job_id: str) -> None:
         attempt.finish_refused(exc)
     except RankGroupError as exc:
         attempt.exit_for_restart(exc)
-    except redis.exceptions.ConnectionError as exc:
+    except (redis.exceptions.ConnectionError, StoreUnavailable) as exc:
         attempt.leave_to_reaper(exc)
     except Exception as exc:  # unexpected: the traceback goes to the log and a private record field, never the API
         attempt.finish_crashed(exc)
