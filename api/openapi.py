@@ -114,6 +114,14 @@ def _paths() -> dict[str, Any]:
         "/readyz": {"get": {"operationId": "readyz", "summary": "Redis reachable and a worker heartbeat fresh",
                             "security": [],
                             "responses": {"200": {"description": "Ready"}, "503": {"description": "Not ready"}}}},
+        "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics of the whole service "
+                             "(docs/service.md, Metrics); H3BATCH_METRICS_TOKEN as Bearer, or loopback only",
+                             "security": [{"metricsToken": []}, {}],
+                             "responses": {"200": {"description": "Prometheus text exposition format",
+                                                   "content": {"text/plain": {"schema": {"type": "string"}}}},
+                                           "401": _json("ErrorBody", "Missing or wrong metrics token"),
+                                           "403": _json("ErrorBody", "Not a loopback client and no token set"),
+                                           "503": _json("ErrorBody", "Redis unavailable")}}},
     }
 
 
@@ -194,7 +202,9 @@ def build_document() -> dict[str, Any]:
                                 "{\"error\": {code, message, retryable}}."},
         "paths": paths,
         "components": {"schemas": top.get("$defs", {}),
-                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                           "metricsToken": {"type": "http", "scheme": "bearer",
+                                                            "description": "H3BATCH_METRICS_TOKEN (GET /metrics)"}}},
     }
     if current_app.config.get("API_KEYS"):
         doc["security"] = [{"bearer": []}]

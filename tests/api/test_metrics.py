@@ -265,6 +265,8 @@ def test_the_token_is_required_when_set(stack):
         assert error["code"] == "unauthorized" and error["retryable"] is False and error["message"]
         assert reply.headers["WWW-Authenticate"].startswith("Bearer")
     assert requests.get(url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).status_code == 200
+    documented = requests.get(stack["api"].base + "/openapi.json", timeout=10).json()["paths"]["/metrics"]["get"]
+    assert {"200", "401", "403"} <= set(documented["responses"])
 
 
 def test_without_a_token_only_loopback_clients_may_scrape(stack):
