@@ -2,9 +2,10 @@
 Redis, which lists the finished render task (and, in a second Flower on the sweep app, a sweep task) in its HTTP
 API, with the worker and the queue it came from.
 
-Flower keeps only what it hears: events are pub/sub messages and are not replayed, so each Flower starts before the
-worker whose tasks it should show, and the test waits until Flower has seen that worker's heartbeat (its /metrics
-`flower_worker_online`) before sending work.
+Flower keeps only what it hears: events are pub/sub messages and are not replayed, so a task that finished before
+Flower started never shows. Each test therefore waits until its Flower has heard the worker's heartbeat (Flower's
+/metrics `flower_worker_online`) before sending work. The render test uses the session's API and worker
+(tests/service_stack.py); the sweep test starts its own `h3batch sweep-worker` on the same Redis.
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ import pytest
 import requests
 
 from h3batch.core import defaults
-from tests.service_stack import free_port, service_env, wait_http
-from tests.system.conftest import RedisServer, Stack, post_job, wait_all_finished
+from tests.service_stack import free_port, poll_until, service_env, wait_http
+from tests.system.conftest import FINISHED, post_job
 
 FLOWER_USER = "ops"
 
@@ -89,37 +90,26 @@ class FlowerProcess:
                 self.proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, tiny_release):
-    root = tmp_path_factory.mktemp("flower")
-    server = RedisServer(root / "redis")
-    server.start()
-    made = Stack(root=root, release=tiny_release, redis=server)
-    yield made
-    made.close()
-
-
-def test_flower_lists_a_finished_render_task(stack):
-    """`celery --broker=$H3BATCH_REDIS_URL flower` (the documented command) hears the API's task-sent and the
-    worker's task events: after one job, /api/tasks holds `h3batch.render` with the job id as its only argument,
-    state SUCCESS, run by the worker's Celery hostname, with received/started/succeeded times in order; the render
-    queue is listed; without credentials the API answers 401."""
-    flower = FlowerProcess([f"--broker={stack.redis.url}"], service_env(stack.redis.url, stack.artifacts),
-                           stack.root / "flower.log")
+def test_flower_lists_a_finished_render_task(redis_url, api, worker, artifacts_dir, tmp_path):
+    """`celery --broker=$H3BATCH_REDIS_URL flower` (the documented command), started beside the session's API and
+    worker, hears the worker's heartbeat, then the API's task-sent and the worker's task events: after one job,
+    /api/tasks holds `h3batch.render` with the job id as its only argument, state SUCCESS, run by the worker's Celery
+    hostname on the render queue, with received/started/succeeded times in order; the worker's queue and its length
+    are listed; without credentials the API answers 401, and read-only mode refuses control actions."""
+    flower = FlowerProcess([f"--broker={redis_url}"], service_env(redis_url, artifacts_dir), tmp_path / "flower.log")
     try:
-        api = stack.start_api()
-        worker = stack.start_worker("flower-w")
         hostname = f"{worker.name}@h3batch"
-        flower.wait_worker_online(hostname)
+        flower.wait_worker_online(hostname)  # a heartbeat event: Celery's heartbeat is on (worker/run_worker.py)
         job_id = post_job(api.base)["id"]
-        assert wait_all_finished(stack.redis.client(), [job_id], timeout_s=120) == {job_id: "completed"}
+        job = poll_until(api.base, job_id, lambda j: j["status"] in FINISHED)
+        assert job["status"] == "completed", job
         task = flower.wait_task(lambda t: job_id in (t.get("args") or "") and t.get("state") == "SUCCESS")
         assert task["name"] == defaults.RENDER_TASK and task["args"] == repr([job_id])
         assert task["worker"] == hostname and task["routing_key"] == defaults.RENDER_QUEUE
         assert task["sent"] is not None  # the API's task-sent event (task_send_sent_event)
         assert task["received"] <= task["started"] <= task["succeeded"]  # (sent is stamped after the publish)
         assert flower.worker_queues(hostname) == [defaults.RENDER_QUEUE]
-        assert flower.queue_lengths() == {defaults.RENDER_QUEUE: 0}
+        assert defaults.RENDER_QUEUE in flower.queue_lengths()
         assert requests.get(flower.base + "/api/tasks", timeout=10).status_code == 401
         assert requests.post(f"{flower.base}/api/worker/shutdown/{hostname}", auth=flower.auth,
                              timeout=10).status_code == 403  # read-only: no control from the UI
@@ -127,13 +117,13 @@ def test_flower_lists_a_finished_render_task(stack):
         flower.stop()
 
 
-def test_a_second_flower_on_the_sweep_app_lists_a_sweep_task(stack):
+def test_a_second_flower_on_the_sweep_app_lists_a_sweep_task(redis_url, artifacts_dir, tmp_path):
     """The sweep app's keys and event channels carry its own prefix, so the sweep queue has its own Flower:
     `celery -A h3batch.loadrunner.celery_app flower`. A `loadrunner.start_sweep` run by a real `h3batch
     sweep-worker` shows there as SUCCESS on the `loadrunner` queue."""
-    env = service_env(stack.redis.url, stack.artifacts, H3BATCH_SWEEP_RESULTS_DIR=str(stack.root / "sweeps"))
-    flower = FlowerProcess(["-A", "h3batch.loadrunner.celery_app"], env, stack.root / "flower-sweeps.log")
-    log = (stack.root / "sweep-worker.log").open("ab")
+    env = service_env(redis_url, artifacts_dir, H3BATCH_SWEEP_RESULTS_DIR=str(tmp_path / "sweeps"))
+    flower = FlowerProcess(["-A", "h3batch.loadrunner.celery_app"], env, tmp_path / "flower-sweeps.log")
+    log = (tmp_path / "sweep-worker.log").open("ab")
     sweep_worker = subprocess.Popen([sys.executable, "-m", "h3batch.cli", "sweep-worker"], env=env, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -141,14 +131,14 @@ def test_a_second_flower_on_the_sweep_app_lists_a_sweep_task(stack):
         from h3batch.loadrunner.celery_app import START_SWEEP, make_app  # noqa: PLC0415
         from h3batch.loadrunner.sweep_settings import SweepSettings  # noqa: PLC0415
 
-        sender = make_app(SweepSettings(redis_url=stack.redis.url, results_dir=stack.root / "sweeps"))
+        sender = make_app(SweepSettings(redis_url=redis_url, results_dir=tmp_path / "sweeps"))
         # A scheduled sweep whose request does not parse: the task logs the refusal and succeeds (no load run).
         sent = sender.send_task(START_SWEEP, args=[{"url": "not a url"}, None, "schedule:flower-test"])
         task = flower.wait_task(lambda t: t.get("state") == "SUCCESS" and t.get("name") == START_SWEEP)
         assert task["uuid"] == sent.id and task["worker"] == _sweep_hostname()
         assert task["routing_key"] == "loadrunner"
         assert flower.worker_queues(_sweep_hostname()) == ["loadrunner"]
-        assert flower.queue_lengths() == {"loadrunner": 0}
+        assert flower.queue_lengths() == {"loadrunner": 0}  # counted under the sweep app's key prefix
     finally:
         flower.stop()
         sweep_worker.terminate()
