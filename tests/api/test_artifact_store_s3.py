@@ -4,7 +4,8 @@ openai SDK and `h3batch submit`, variants stored beside the MP4, delete, lazy ex
 refusals (missing bucket, refused credentials), and no credential in any log.
 
 One module stack: a private redis-server, one moto server, one worker, two APIs on the same Redis and bucket (one
-streaming, one redirecting).
+streaming, one redirecting). About 2.5 min on the shared 2-core machine: four 128x64 renders plus one re-render
+(the upload-failure test), and the worker's model load; every test shares them.
 """
 from __future__ import annotations
 
