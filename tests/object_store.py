@@ -46,8 +46,9 @@ class MotoServer:
     log_path: Path
 
     @classmethod
-    def start(cls, log_path: Path, *, bucket: str = BUCKET, auth: bool = False) -> MotoServer:
-        port = _free_port()
+    def start(cls, log_path: Path, *, bucket: str = BUCKET, auth: bool = False, port: int | None = None,
+              keys: tuple[str, str] | None = None) -> MotoServer:
+        port = port or _free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "H3BATCH_"))}
         if auth:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = "4"  # create bucket, user, policy, access key; then IAM checks
@@ -68,7 +69,7 @@ class MotoServer:
                     proc.kill()
                     pytest.fail("moto server did not listen within 30 s")
                 time.sleep(0.05)
-        access, secret = "AKIA" + secrets.token_hex(8).upper(), "test-secret-" + secrets.token_hex(16)
+        access, secret = keys or ("AKIA" + secrets.token_hex(8).upper(), "test-secret-" + secrets.token_hex(16))
         import boto3  # noqa: PLC0415
 
         boot = dict(endpoint_url=endpoint, region_name=REGION, aws_access_key_id=access,
@@ -97,6 +98,20 @@ class MotoServer:
         for page in self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
             found += [obj["Key"] for obj in page.get("Contents", [])]
         return sorted(found)
+
+    def kill(self) -> None:
+        """SIGKILL: the store vanishes mid-whatever (moto keeps everything in memory: the bucket goes too)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def restart(self) -> None:
+        """Start again on the same port with the same bucket and keys (empty: moto keeps nothing)."""
+        self.kill()
+        port = int(self.endpoint.rsplit(":", 1)[1])
+        fresh = MotoServer.start(self.log_path, bucket=self.bucket, port=port,
+                                 keys=(self.access_key, self.secret_key))
+        self.proc = fresh.proc
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -4,7 +4,8 @@ openai SDK and `h3batch submit`, variants stored beside the MP4, delete, lazy ex
 refusals (missing bucket, refused credentials), and no credential in any log.
 
 One module stack: a private redis-server, one moto server, one worker, two APIs on the same Redis and bucket (one
-streaming, one redirecting).
+streaming, one redirecting). About 2.5 min on the shared 2-core machine: four 128x64 renders plus one re-render
+(the upload-failure test), and the worker's model load; every test shares them.
 """
 from __future__ import annotations
 
@@ -303,6 +304,38 @@ def test_start_refused_for_a_missing_bucket_or_refused_credentials(s3, tiny_rele
         S3Store(f"s3://{checked.bucket}/", checked.endpoint, client=checked.client()).check()
     finally:
         checked.stop()
+
+
+def test_upload_failure_mid_job_renders_again_and_completes_once(s3):
+    """The store vanishes while a job renders: the upload fails, the job is left to the reaper (not failed), and
+    once the store is back the next attempt renders and uploads it; the record names that attempt's object only."""
+    reply = requests.post(f"{s3.stream.base}/jobs", json={"prompt": "a kettle whistles", "seconds": 4, **SMALL},
+                          headers=AUTH, timeout=10)
+    job_id = reply.json()["id"]
+    deadline = time.monotonic() + 300
+    while s3.r.hget(f"h3b:job:{job_id}", "stage") not in ("denoise", "decode", "mux"):
+        assert time.monotonic() < deadline, s3.r.hgetall(f"h3b:job:{job_id}")
+        time.sleep(0.05)
+    s3.moto.kill()
+    try:
+        while "upload failed" not in s3.worker.log_text():
+            assert time.monotonic() < deadline, s3.r.hgetall(f"h3b:job:{job_id}")
+            time.sleep(0.1)
+        assert s3.r.hget(f"h3b:job:{job_id}", "status") in ("in_progress", "queued")
+    finally:
+        s3.moto.restart()
+    while s3.r.hget(f"h3b:job:{job_id}", "status") != "completed":
+        assert time.monotonic() < deadline, s3.r.hgetall(f"h3b:job:{job_id}")
+        assert s3.r.hget(f"h3b:job:{job_id}", "status") in ("in_progress", "queued")
+        time.sleep(0.2)
+    record = s3.r.hgetall(f"h3b:job:{job_id}")
+    assert int(record["attempt"]) >= 2 and record["artifact"] == attempt_key(job_id, int(record["attempt"]))
+    assert s3.moto.keys(f"jobs/{job_id}/") == [f"jobs/{record['artifact']}"]
+    runs = s3.r.hgetall(f"h3b:runs:{job_id}")
+    assert int(runs["rendered"]) == int(record["attempt"]) and int(runs["requeues"]) >= 1
+    data = requests.get(f"{s3.stream.base}/jobs/{job_id}/content", headers=AUTH, timeout=30).content
+    assert hashlib.sha256(data).hexdigest() == record["sha256"]
+    assert "Traceback" not in s3.worker.log_text()
 
 
 def test_credentials_never_logged(s3, done_job):
