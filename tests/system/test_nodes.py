@@ -109,6 +109,10 @@ def test_three_nodes_share_only_redis_and_the_bucket_and_survive_a_lost_node(sta
                 frames = sum(1 for _ in container.decode(video=0))
             assert frames == int(records[job_id]["frames"]) >= 96, job_id
         assert not list(stack.artifacts.rglob("*.mp4")), "the API's directory must not hold MP4s: they are in S3"
+        # The dead attempt's scratch stays on the dead node's disk; the node that completed the job never saw it.
+        assert (stack.root / f"{victim}-artifacts" / lost_job).is_dir()
+        finisher_dir = stack.root / f"{lost['worker']}-artifacts"
+        assert not list((finisher_dir / lost_job).glob(".attempt-1*")), "attempt 1's file reached another node"
         print(f"\nNODES jobs={JOBS} per-node={dict(by_worker)} lost={lost_job} wall_s={wall_s:.1f}")
     finally:
         moto.stop()
