@@ -35,6 +35,9 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     app.config.from_mapping({name.upper(): getattr(settings, name) for name in _FROM_SETTINGS})
     app.config.from_mapping(
         ARTIFACTS_DIR=str(settings.artifacts_dir),
+        ARTIFACT_STORE=settings.artifact_store,
+        S3_ENDPOINT_URL=settings.s3_endpoint_url,
+        ARTIFACT_REDIRECT=settings.artifact_redirect,
         API_KEYS=list(settings.api_keys),
         SWEEP_RESULTS_DIR=str(settings.sweep_results_dir),
         RATE_LIMITS=RateLimits(settings.rate_creates_per_min, settings.rate_reads_per_min),

@@ -84,6 +84,15 @@ def register_error_handlers(app: Flask) -> None:
         return error_response(503, "storage_unavailable", "the job store (Redis) is unavailable; retry later", True,
                               {"Retry-After": "5"})
 
+    from h3batch.core.artifact_store import StoreUnavailable  # noqa: PLC0415
+
+    @app.errorhandler(StoreUnavailable)
+    def _object_store_down(exc: StoreUnavailable):
+        # The S3 store refused or did not answer; the message names bucket and error code, never credentials.
+        log.error("object store unavailable request_id=%s error=%s", g.get("request_id"), exc)
+        return error_response(503, "storage_unavailable", "the artifact store is unavailable; retry later", True,
+                              {"Retry-After": "5"})
+
     @app.errorhandler(RecursionError)
     def _too_deep(exc: RecursionError):
         # Only a JSON body nested thousands deep (it still fits MAX_CONTENT_LENGTH) recurses this far: the parser

@@ -1,19 +1,24 @@
 """The Flask side both job APIs share: the job service's `Caller` for the current request, the caller's job by id,
-a JSON reply with the poll hint for unfinished jobs, and a file download with Range (RFC 9110's rules) / ETag."""
+a JSON reply with the poll hint for unfinished jobs, and a file download with Range (RFC 9110's rules) / ETag:
+from the local directory (`send_file`), streamed from the S3 store through the API (the same Range/ETag/HEAD
+rules, werkzeug's `make_conditional` over a seekable reader of ranged GETs), or, with H3BATCH_ARTIFACT_REDIRECT=1,
+a 307 to a presigned URL of the object (GET only; HEAD and conditional requests are still answered here)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flask import current_app, g, jsonify, request, send_file
+from flask import Response, current_app, g, jsonify, request, send_file
 from werkzeug.http import parse_range_header
+from werkzeug.wsgi import wrap_file
 
 from h3batch.api import job_service
 from h3batch.api.enqueue import enqueue_render
 from h3batch.api.errors import error_response
 from h3batch.api.redis_client import get_redis
 from h3batch.api.webhook_check import vet_webhook_url
+from h3batch.core.artifact_store import ArtifactStore, StoredObject, store_for
 from h3batch.core.jobs import queue_position
 
 
@@ -25,7 +30,14 @@ def caller(job_id: str | None = None) -> job_service.Caller:
     return job_service.Caller(r=get_redis(), owner=g.owner, artifacts_dir=Path(current_app.config["ARTIFACTS_DIR"]),
                               max_queued=current_app.config["MAX_QUEUED"],
                               result_ttl_s=current_app.config["RESULT_TTL_S"], send_render=_send_render,
-                              vet_webhook_url=vet_webhook_url, request_id=g.get("request_id"))
+                              vet_webhook_url=vet_webhook_url, request_id=g.get("request_id"),
+                              store=app_store())
+
+
+def app_store() -> ArtifactStore:
+    """This app's artifact store (H3BATCH_ARTIFACT_STORE; the local artifacts dir when unset)."""
+    config = current_app.config
+    return store_for(config.get("ARTIFACT_STORE") or "", config.get("S3_ENDPOINT_URL"), config["ARTIFACTS_DIR"])
 
 
 def _send_render(job_id: str) -> None:
@@ -80,4 +92,40 @@ def send_job_file(path: Path, media_type: str, etag: str | bool, download_name: 
                               {"ETag": response.headers.get("ETag", "")})
     response.headers["Accept-Ranges"] = "bytes"
     response.headers["Cache-Control"] = "private, max-age=3600"  # per-key content: never in shared caches
+    return response
+
+
+def send_job_content(store: ArtifactStore, obj: StoredObject, media_type: str, etag: str | bool,
+                     download_name: str):
+    """A job's stored file from whichever store holds it, with the rules of `send_job_file`; with an object store
+    and H3BATCH_ARTIFACT_REDIRECT a plain GET is answered 307 to a presigned URL instead."""
+    path = store.local_path(obj.key)
+    if path is not None:
+        return send_job_file(path, media_type, etag, download_name)
+    tag = etag if isinstance(etag, str) else obj.etag
+    if (current_app.config.get("ARTIFACT_REDIRECT") and request.method == "GET"
+            and not request.headers.get("If-None-Match") and not request.headers.get("If-Match")):
+        # A presigned URL is signed for GET only and answers with the store's own ETag, so HEAD and conditional
+        # requests (which name the API's ETag) stay here.
+        url = store.presigned_url(obj.key, filename=download_name, media_type=media_type)
+        response = Response(status=307, headers={"Location": url, "Cache-Control": "no-store"})
+        return response
+    honoured = _honoured_range(request.headers.get("Range"), obj.size)
+    if honoured is None:
+        request.environ.pop("HTTP_RANGE", None)
+    else:
+        request.environ["HTTP_RANGE"] = honoured
+    body = wrap_file(request.environ, store.reader(obj.key, obj.size), buffer_size=1 << 18)
+    response = Response(body, mimetype=media_type, direct_passthrough=True)
+    response.content_length = obj.size
+    response.last_modified = obj.modified
+    response.headers["Content-Disposition"] = f'inline; filename="{download_name}"'
+    response.set_etag(tag)
+    response = response.make_conditional(request.environ, accept_ranges=True, complete_length=obj.size)
+    if response.status_code == 412:
+        response.close()
+        return error_response(412, "precondition_failed", "If-Match: the file's current ETag matches none of "
+                                                          "the tags sent", False, {"ETag": response.headers.get("ETag", "")})
+    response.headers["Accept-Ranges"] = "bytes"
+    response.headers["Cache-Control"] = "private, max-age=3600"
     return response

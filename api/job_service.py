@@ -25,6 +25,7 @@ from h3batch.api.errors import ApiError
 from h3batch.api.schemas import CreateJob, first_error
 from h3batch.core import capacity, defaults
 from h3batch.core import jobs as store
+from h3batch.core.artifact_store import ArtifactStore, LocalStore, StoredObject, StoreUnavailable
 from h3batch.core.geometry import MAX_TEXT_ROWS, RequestGeometry
 from h3batch.core.jobs import FINISHED, BadCursor, JobSpec, JobStatus
 
@@ -97,6 +98,12 @@ class Caller:
     send_render: Callable[[str], None]
     vet_webhook_url: Callable[[str], object]
     request_id: str | None = None
+    store: ArtifactStore | None = None
+    """Where finished MP4s live (H3BATCH_ARTIFACT_STORE); None: the local `artifacts_dir`."""
+
+    @property
+    def artifacts(self) -> ArtifactStore:
+        return self.store if self.store is not None else LocalStore(self.artifacts_dir)
 
 
 def get_owned_job(caller: Caller, job_id: str, words: Vocabulary) -> dict[str, Any]:
@@ -243,8 +250,7 @@ def delete(caller: Caller, job_id: str, words: Vocabulary) -> None:
     log.info("%s deleted", words.noun, extra={"job_id": job_id})
 
 
-def content_path(caller: Caller, job_id: str, words: Vocabulary) -> tuple[dict[str, Any], Path]:
-    """(record, MP4 path) of the caller's completed job. 404; 409 `words.not_completed`; 410 artifact_expired."""
+def _completed_record(caller: Caller, job_id: str, words: Vocabulary) -> dict[str, Any]:
     record = get_owned_job(caller, job_id, words)
     status = record["status"]
     if status == JobStatus.EXPIRED.value:
@@ -252,6 +258,27 @@ def content_path(caller: Caller, job_id: str, words: Vocabulary) -> tuple[dict[s
     if status != JobStatus.COMPLETED.value:
         raise ApiError(409, words.not_completed, words.not_completed_message.format(id=job_id, status=status),
                        words.not_completed_retryable and status in ACTIVE, NO_RETRY)
+    return record
+
+
+def content_object(caller: Caller, job_id: str, words: Vocabulary) -> tuple[dict[str, Any], StoredObject]:
+    """(record, stored MP4) of the caller's completed job in whichever store holds it: the object's key, size and
+    ETag, read through `caller.artifacts` (`local_path`, `reader`, `iter_bytes`, `presigned_url`). 404; 409
+    `words.not_completed`; 410 artifact_expired (also when the object is gone); 503 when the store is down."""
+    if caller.artifacts.kind == "local":
+        record, path = content_path(caller, job_id, words)
+        return record, LocalStore._stat(path.relative_to(caller.artifacts_dir.resolve()).as_posix(), path)
+    record = _completed_record(caller, job_id, words)
+    found = caller.artifacts.head(record.get("artifact") or "") if record.get("artifact") else None
+    if found is None:
+        raise ApiError(410, "artifact_expired", words.gone_message.format(id=job_id))
+    return record, found
+
+
+def content_path(caller: Caller, job_id: str, words: Vocabulary) -> tuple[dict[str, Any], Path]:
+    """(record, MP4 path) of the caller's completed job in the local store. 404; 409 `words.not_completed`; 410
+    artifact_expired."""
+    record = _completed_record(caller, job_id, words)
     root = caller.artifacts_dir.resolve()
     path = (root / (record.get("artifact") or "")).resolve()
     if root not in path.parents or not path.is_file():
@@ -261,3 +288,8 @@ def content_path(caller: Caller, job_id: str, words: Vocabulary) -> tuple[dict[s
 
 def _remove_artifacts(caller: Caller, job_id: str) -> None:
     shutil.rmtree(caller.artifacts_dir / job_id, ignore_errors=True)
+    if caller.artifacts.kind != "local":
+        try:
+            caller.artifacts.delete_job(job_id)
+        except StoreUnavailable as exc:  # the record is gone already: the reaper's garbage pass removes them later
+            log.warning("could not remove the job's objects: %s", exc, extra={"job_id": job_id})

@@ -138,8 +138,10 @@ def delete(job_id: str):
 @bp.route("/jobs/<job_id>/content", methods=["GET", "HEAD"])
 def content(job_id: str):
     """The MP4 (Range, ETag, If-None-Match, HEAD). 404; 409 job_not_completed; 410 artifact_expired."""
-    record, path = job_service.content_path(job_http.caller(job_id), job_id, JOBS)
-    return job_http.send_job_file(path, "video/mp4", record.get("sha256") or True, f"{job_id}.mp4")
+    caller = job_http.caller(job_id)
+    record, stored = job_service.content_object(caller, job_id, JOBS)
+    return job_http.send_job_content(caller.artifacts, stored, "video/mp4", record.get("sha256") or True,
+                                     f"{job_id}.mp4")
 
 
 @bp.get("/jobs/<job_id>/events")

@@ -2,13 +2,21 @@
 frame) and the audio track as AAC in an .m4a (stream copy, no re-encode). Both are made with PyAV on first request
 and cached beside the MP4 (temp file + os.replace, so concurrent requests never see half a file); PyAV is imported
 only here, so the API imports it only when a variant is asked for.
+
+With an S3 store the API derives them the same way on first request (the MP4 fetched into a temp dir) and uploads
+them beside the MP4 in the attempt's folder (`<job>/attempt-<n>/thumbnail.png`), so every API replica finds them
+and deleting or expiring the job removes them with it. The worker does not make them: it stays free of this
+(PyAV-over-HTTP) concern, and most clips are never asked for a thumbnail.
 """
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from fractions import Fraction
 from pathlib import Path
+
+from h3batch.core.artifact_store import ArtifactStore, StoredObject, sibling
 
 VARIANTS = {"video": ("video.mp4", "video/mp4"), "thumbnail": ("thumbnail.png", "image/png"),
             "audio": ("audio.m4a", "audio/mp4")}
@@ -88,3 +96,24 @@ def variant_file(job_dir: Path, variant: str) -> tuple[Path, str]:
     elif variant == "audio" and not target.is_file():
         write_audio(mp4, target)
     return target, media_type
+
+
+def variant_object(store: ArtifactStore, mp4: StoredObject, variant: str) -> tuple[StoredObject, str]:
+    """(stored object, media type) of a variant of the stored MP4 `mp4`, made and stored now if not yet there.
+    KeyError for an unknown variant; FileNotFoundError when the MP4 is gone."""
+    name, media_type = VARIANTS[variant]
+    if variant == "video":
+        return mp4, media_type
+    path = store.local_path(mp4.key)
+    if path is not None:  # the local directory: cached beside the MP4 as before
+        target, _ = variant_file(path.parent, variant)
+        return store.head(sibling(mp4.key, name)) or StoredObject(sibling(mp4.key, name), target.stat().st_size,
+                                                                  "", target.stat().st_mtime), media_type
+    key = sibling(mp4.key, name)
+    found = store.head(key)
+    if found is not None:
+        return found, media_type
+    with tempfile.TemporaryDirectory(prefix="h3batch-variant-") as tmp:
+        local = store.download(mp4.key, Path(tmp) / VARIANTS["video"][0])
+        made = (write_thumbnail if variant == "thumbnail" else write_audio)(local, Path(tmp) / name)
+        return store.put_file(made, key, media_type), media_type

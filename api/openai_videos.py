@@ -104,14 +104,15 @@ def video_content(video_id: str):
     if variant not in media.VARIANTS:
         raise ApiError(400, "unsupported_variant", f"variant: expected one of {', '.join(media.VARIANTS)}, found "
                                                    f"{variant!r} (spritesheet is not offered)")
-    record, mp4 = job_service.content_path(job_http.caller(video_id), video_id, VIDEOS)
+    caller = job_http.caller(video_id)
+    record, mp4 = job_service.content_object(caller, video_id, VIDEOS)
     try:
-        path, media_type = media.variant_file(mp4.parent, variant)
+        stored, media_type = media.variant_object(caller.artifacts, mp4, variant)
     except FileNotFoundError:
         raise ApiError(410, "artifact_expired", VIDEOS.gone_message.format(id=video_id)) from None
     etag = (record.get("sha256") if variant == "video" else None) or True
     suffix = Path(media.VARIANTS[variant][0]).suffix  # .mp4, .png, .m4a
-    return job_http.send_job_file(path, media_type, etag, f"{video_id}{suffix}")
+    return job_http.send_job_content(caller.artifacts, stored, media_type, etag, f"{video_id}{suffix}")
 
 
 @bp.route("/videos/<video_id>/remix", methods=["POST"])

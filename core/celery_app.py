@@ -42,8 +42,10 @@ def make_celery(redis_url: str, *, max_run_s: int = defaults.MAX_RUN_S, include_
         task_default_queue=defaults.RENDER_QUEUE,
         task_routes={defaults.RENDER_TASK: {"queue": defaults.RENDER_QUEUE}},
         task_create_missing_queues=True,
-        worker_send_task_events=False,
-        task_send_sent_event=False,
+        # Task events (sent by the API, received/started/succeeded by the worker) feed Flower (docs/service.md
+        # "Monitoring"). On Redis they are pub/sub messages: nothing is stored when no monitor listens.
+        worker_send_task_events=True,
+        task_send_sent_event=True,
     )
     return celery
 

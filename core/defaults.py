@@ -104,3 +104,13 @@ HTTP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 waits up to MAX_WAIT_S)."""
 METRICS_FLUSH_S = 1.0
 """How often each API process adds its request counts to Redis (a scrape also flushes the process serving it)."""
+
+PRESIGNED_URL_TTL_S = 300
+"""Life of a presigned download URL (H3BATCH_ARTIFACT_REDIRECT=1): long enough to start a download, short enough
+that a leaked link soon stops working. S3 checks it when the GET starts, so a slow download still finishes."""
+
+STORE_PART_BYTES = 8 * 1024 * 1024
+"""Part size of the multipart upload of an artifact to S3 (S3's minimum is 5 MiB for every part but the last)."""
+
+STORE_CHUNK_BYTES = 256 * 1024
+"""Chunk size when streaming an object from S3 through the API."""

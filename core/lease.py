@@ -7,22 +7,24 @@ run_job asks around the render itself (spec §4):
   worker cut off from Redis for longer than the lease TTL may be requeued and re-claimed elsewhere while it keeps
   rendering; it must then stop at its next step boundary and leave the other attempt's files alone.
 - Where does an attempt write? (`attempt_path`: `.attempt-<n>.mp4` beside the final name, so two attempts never
-  write the same file) and how does it become the job's MP4? (`publish`: `os.replace` onto `video.mp4` only while
-  the lease is still this attempt's; the `completed` compare-and-set on (in_progress, attempt) follows.)
-- What does a failed, cancelled or superseded attempt clean up? (`clean_up`: only its own file, unless the job is
-  gone or finished without a video, when the whole directory goes.)
+  write the same file) and how does it become the job's MP4? (`publish`: only while the lease is still this
+  attempt's, the artifact store (core/artifact_store.py) takes it: `os.replace` onto `video.mp4` in the local
+  directory, or a confirmed multipart upload to the attempt's own key `<id>/attempt-<n>/video.mp4` in S3; the
+  `completed` compare-and-set on (in_progress, attempt) follows and names that key.)
+- What does a failed, cancelled or superseded attempt clean up? (`clean_up`: only its own file and uploaded object,
+  unless the job is gone or finished without a video, when everything of the job goes.)
 - How many times did a job start, and finish a render? (`count`: `h3b:runs:{id}`; tests count executions there.)
 """
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from pathlib import Path
 
 import redis
 
 from h3batch.core import keys
+from h3batch.core.artifact_store import ArtifactStore, LocalStore, StoredObject
 
 log = logging.getLogger("h3batch.worker")
 
@@ -52,24 +54,36 @@ def attempt_path(job_dir: Path, attempt: int) -> Path:
     return job_dir / f".attempt-{attempt}.mp4"
 
 
-def publish(r: redis.Redis, job_id: str, holder: str, attempt: int, rendered: Path, final: Path) -> None:
-    """Move this attempt's finished MP4 onto the job's final name, only while it still owns the job.
+def publish(r: redis.Redis, job_id: str, holder: str, attempt: int, rendered: Path, final: Path | None = None,
+            store: ArtifactStore | None = None) -> StoredObject:
+    """Hand this attempt's finished MP4 to the artifact store, only while it still owns the job; returns what the
+    store now holds (its key goes into the `completed` record). Without `store`: the local directory above
+    `final`'s job folder.
 
-    Raises LeaseLost (leaving `rendered` for clean_up) when another attempt took over meanwhile.
+    Raises LeaseLost (leaving `rendered` for clean_up) when another attempt took over meanwhile, and the store's
+    StoreUnavailable when the upload failed or was not confirmed (nothing is then referenced).
     """
+    if store is None:
+        store = LocalStore((final or rendered).parent.parent)
     if not still_owner(r, job_id, holder, attempt):
         raise LeaseLost(f"job {job_id}: attempt {attempt} lost its lease before publishing its video")
-    os.replace(rendered, final)
-    _fsync_dir(final.parent)
+    return store.publish(job_id, attempt, rendered)
 
 
-def clean_up(r: redis.Redis, job_id: str, attempt: int, job_dir: Path) -> None:
-    """After an attempt that did not complete the job: remove its own file; remove the whole directory only when the
-    job is gone or ended without a video (never while another attempt renders or after one completed)."""
+def clean_up(r: redis.Redis, job_id: str, attempt: int, job_dir: Path, store: ArtifactStore | None = None) -> None:
+    """After an attempt that did not complete the job: remove its own file (and uploaded object); remove everything
+    of the job only when it is gone or ended without a video (never while another attempt renders or after one
+    completed)."""
     attempt_path(job_dir, attempt).unlink(missing_ok=True)
     status = r.hget(keys.job(job_id), "status")
-    if status is None or status in ("failed", "cancelled"):
+    gone = status is None or status in ("failed", "cancelled")
+    if gone:
         shutil.rmtree(job_dir, ignore_errors=True)
+    if store is not None and store.kind != "local":
+        if gone:
+            store.delete_job(job_id)
+        else:
+            store.delete_attempt(job_id, attempt)
 
 
 def remove_stale_attempts(job_dir: Path, attempt: int) -> list[str]:
@@ -98,16 +112,3 @@ def runs(r: redis.Redis, job_id: str) -> dict[str, float]:
     """All execution counters of a job (missing counters are absent)."""
     return {k: float(v) for k, v in r.hgetall(keys.runs(job_id)).items()}
 
-
-def _fsync_dir(path: Path) -> None:
-    """Make the rename durable (a crash right after `completed` must not lose the directory entry)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

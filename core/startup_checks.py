@@ -1,12 +1,13 @@
 """Start-up checks shared by `h3batch api`, `h3batch worker` and `h3batch serve`: Redis reachable, artifacts dir
-writable, release present. Each raises ConfigError with one line naming what was expected and what was found; the
+writable, the object store's bucket there and the credentials accepted (H3BATCH_ARTIFACT_STORE=s3://...), release
+present. Each raises ConfigError with one line naming what was expected and what was found; the
 commands print it and exit 2 before serving anything.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from h3batch.core.artifact_store import LocalStore, open_store
 from h3batch.settings import ConfigError, Settings, is_hub_release
 
 
@@ -41,14 +42,7 @@ def check_redis(url: str, timeout_s: float = 3.0) -> None:
 
 def check_artifacts_dir(path: Path) -> None:
     """Create the artifacts dir if needed and prove it is writable; ConfigError otherwise."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-probe-{os.getpid()}"
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"H3BATCH_ARTIFACTS_DIR: expected a writable directory, found {str(path)!r} "
-                          f"({exc.strerror or exc})") from None
+    LocalStore(path).check()
 
 
 def check_release_dir(release: str | Path) -> None:
@@ -63,8 +57,12 @@ def check_release_dir(release: str | Path) -> None:
 
 
 def check_startup(settings: Settings, *, release: bool = False) -> None:
-    """Every check a serving process makes before it starts: Redis, the artifacts dir, and (workers) the release."""
+    """Every check a serving process makes before it starts: Redis, the artifact store (the artifacts dir, or the
+    bucket plus, for workers, the artifacts dir as render scratch space), and (workers) the release."""
     check_redis(settings.redis_url)
-    check_artifacts_dir(settings.artifacts_dir)
+    if not settings.artifact_store or release:
+        check_artifacts_dir(settings.artifacts_dir)
+    if settings.artifact_store:
+        open_store(settings).check()
     if release:
         check_release_dir(settings.release_dir)

@@ -1,4 +1,4 @@
-# h3batch load-runner image: duplex driver, reference duplex server, sweep worker and beat. No torch: the sweep
+# h3batch load-runner image: duplex driver, reference duplex server, sweep worker, beat and Flower. No torch: the sweep
 # stack needs only websockets, numpy, matplotlib (Agg) and the Celery/Redis client.
 FROM python:3.11-slim
 
@@ -6,7 +6,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 MPLBACKEND=A
 WORKDIR /app
 
 RUN pip install "celery[redis]>=5.5,<6" "redis>=5" "websockets>=15" "numpy>=2.0" "matplotlib>=3.9" \
-        "flask>=3.1" "pydantic>=2.10"
+        "flask>=3.1" "pydantic>=2.10" "flower>=2.0"
 
 # setuptools packages every listed package, so all four directories are copied; only loadrunner/ and the CLI
 # router run here.

@@ -146,6 +146,28 @@ def _webhook_secret(name: str, raw: str) -> str:
     return raw
 
 
+_BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+"""S3 bucket names: 3..63 lower-case letters, digits, dots and hyphens, starting and ending with a letter or digit."""
+
+
+def _artifact_store(name: str, raw: str) -> str:
+    # `s3://BUCKET` or `s3://BUCKET/PREFIX`; normalised to `s3://bucket/prefix/` (prefix empty or ending in /).
+    if not raw.startswith("s3://"):
+        raise ConfigError(f"{name}: expected s3://BUCKET/PREFIX (unset: the local H3BATCH_ARTIFACTS_DIR), "
+                          f"found {raw[:80]!r}")
+    bucket, _, prefix = raw[len("s3://"):].partition("/")
+    if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket:
+        raise ConfigError(f"{name}: expected an S3 bucket name (3..63 of a-z 0-9 . -) after s3://, found {bucket!r}")
+    prefix = prefix.strip("/")
+    return f"s3://{bucket}/{prefix + '/' if prefix else ''}"
+
+
+def _http_url(name: str, raw: str) -> str:
+    if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", raw):
+        raise ConfigError(f"{name}: expected an http:// or https:// URL, found {raw[:80]!r}")
+    return raw.rstrip("/")
+
+
 def _level(name: str, raw: str) -> str:
     value = raw.upper()
     if value not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
@@ -169,7 +191,17 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
     ("H3BATCH_REDIS_URL", "redis_url", "redis://127.0.0.1:6379/0", _text, "service",
      "Redis URL: Celery broker and job records (give h3batch its own DB)"),
     ("H3BATCH_ARTIFACTS_DIR", "artifacts_dir", "var/artifacts", _path, "service",
-     "shared directory for MP4s (worker writes, API reads and deletes)"),
+     "shared directory for MP4s (worker writes, API reads and deletes); with an s3:// artifact store, the worker's "
+     "scratch space for the render in progress"),
+    ("H3BATCH_ARTIFACT_STORE", "artifact_store", "(unset: H3BATCH_ARTIFACTS_DIR)", _artifact_store, "service",
+     "where finished MP4s live: unset keeps them in H3BATCH_ARTIFACTS_DIR; `s3://BUCKET/PREFIX` puts them in "
+     "S3-compatible object storage (credentials and region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+     "AWS_DEFAULT_REGION; the artifacts dir is then the worker's scratch space)"),
+    ("H3BATCH_S3_ENDPOINT_URL", "s3_endpoint_url", "(unset: AWS S3)", _http_url, "service",
+     "endpoint of a non-AWS S3-compatible store (MinIO, R2, ...), addressed path-style; presigned URLs name it, so "
+     "clients must reach it"),
+    ("H3BATCH_ARTIFACT_REDIRECT", "artifact_redirect", "0", _flag, "api",
+     "with an s3:// store: GET .../content answers 307 to a presigned URL instead of streaming through the API"),
     ("H3BATCH_RELEASE", "release_dir", "var/tiny-release", _text, "service",
      "release the worker serves: a directory, or a Hub repo `org/name`, `org/name@revision`, "
      "`hf://org/name@revision` (fetched into the Hugging Face cache; see docs/model.md)"),
@@ -308,6 +340,9 @@ class Settings:
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     artifacts_dir: Path = Path("var/artifacts")
+    artifact_store: str = ""  # "" (local directory) or normalised "s3://bucket/prefix/"
+    s3_endpoint_url: str | None = None
+    artifact_redirect: bool = False
     release_dir: str = "var/tiny-release"  # a directory or a Hub reference (HUB_RELEASE_RE)
     max_run_s: int = 600
     result_ttl_s: int = 86_400

@@ -47,6 +47,10 @@ def make_app(settings: SweepSettings) -> Celery:
         task_time_limit=POINT_TIME_LIMIT_S,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
+        # Task events for Flower (`celery -A h3batch.loadrunner.celery_app flower`): with the key prefix above they
+        # travel on their own pub/sub channels, so the sweep queue needs a Flower of its own (docs/service.md).
+        worker_send_task_events=True,
+        task_send_sent_event=True,
         beat_schedule=beat_schedule(settings.schedule, settings.queue),
         timezone="UTC",
     )

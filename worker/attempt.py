@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from h3batch.core import defaults, jobs, lease
+from h3batch.core.artifact_store import ArtifactStore, StoreUnavailable, open_store
 from h3batch.core.exceptions import ExceedsWorkerCapacity, GpuOutOfMemory, InvalidRequest, JobError, ReleaseMismatch
 from h3batch.core.geometry import RequestGeometry
 from h3batch.core.jobs import JobStatus, Stage
@@ -74,6 +75,11 @@ class Attempt:
     def log_extra(self) -> dict[str, str]:
         return {"job_id": self.job_id}
 
+    @property
+    def store(self) -> ArtifactStore:
+        """Where the finished MP4 goes (H3BATCH_ARTIFACT_STORE); `job_dir` is where it is rendered."""
+        return open_store(self.res.settings)
+
     # 1. Claim ---------------------------------------------------------------------------------------------------
 
     @classmethod
@@ -93,6 +99,12 @@ class Attempt:
         res.deadline.begin(job_id, holder, att.number)
         if lease.remove_stale_attempts(att.job_dir, att.number):
             log.info("removed partial files of an earlier attempt", extra=att.log_extra)
+        if att.store.kind != "local":
+            try:
+                if att.store.remove_stale_attempts(job_id, att.number):
+                    log.info("removed objects an earlier attempt uploaded", extra=att.log_extra)
+            except StoreUnavailable as exc:  # the garbage pass removes them later
+                log.warning("could not remove an earlier attempt's objects: %s", exc, extra=att.log_extra)
         log.info("render started attempt=%d", att.number, extra=att.log_extra)
         return att
 
@@ -159,16 +171,18 @@ class Attempt:
     # 3. Publish ---------------------------------------------------------------------------------------------------
 
     def publish(self, result: Any) -> dict[str, Any]:
-        """Move the rendered file to `<job>/video.mp4` while still the lease holder; returns its record fields."""
+        """Hand the rendered file to the artifact store while still the lease holder (local: `<job>/video.mp4`;
+        S3: a confirmed upload to `<job>/attempt-<n>/video.mp4`); returns its record fields, `artifact` the key."""
         r = self.res.r
         lease.count(r, self.job_id, "rendered")
         jobs.update_progress(r, self.job_id, self.number, {"stage": Stage.FINALIZE, "progress": 0.98})
         t0 = time.perf_counter()
         sha256, size = _sha256(result.path), result.path.stat().st_size
-        lease.publish(r, self.job_id, self.holder, self.number, result.path, self.job_dir / VIDEO_NAME)
+        stored = lease.publish(r, self.job_id, self.holder, self.number, result.path, self.job_dir / VIDEO_NAME,
+                               store=self.store)
         timings = {**{k: round(float(v), 6) for k, v in result.timings.items()},
                    "finalize": round(time.perf_counter() - t0, 6)}
-        return {"artifact": f"{self.job_id}/{VIDEO_NAME}", "sha256": sha256, "size_bytes": size, "timings": timings}
+        return {"artifact": stored.key, "sha256": sha256, "size_bytes": size, "timings": timings}
 
     # 4. Finish: one transition per outcome ------------------------------------------------------------------------
 
@@ -178,7 +192,10 @@ class Attempt:
         done = jobs.transition(self.res.r, self.job_id, to, expect={JobStatus.IN_PROGRESS},
                                expect_attempt=self.number, fields=fields, record_ttl_s=record_ttl)
         if done is None or to is not JobStatus.COMPLETED:  # deleted, cancelled, failed or superseded
-            lease.clean_up(self.res.r, self.job_id, self.number, self.job_dir)
+            try:
+                lease.clean_up(self.res.r, self.job_id, self.number, self.job_dir, self.store)
+            except StoreUnavailable as exc:  # the garbage pass removes what is left
+                log.warning("could not remove this attempt's objects: %s", exc, extra=self.log_extra)
         return done
 
     def finish_completed(self, result: Any, published: dict[str, Any]) -> None:
@@ -243,11 +260,15 @@ class Attempt:
         self.res.heartbeat.stop()
         os._exit(3)
 
-    def leave_to_reaper(self, exc: redis.exceptions.ConnectionError) -> None:
-        """Redis went away mid-render (restart, failover): an infrastructure fault, not the job's. The record stays
-        `in_progress`; once the lease lapses the reaper requeues it (attempt + 1)."""
-        log.warning("lost Redis mid-render error=%s; the job is requeued when its lease lapses",
-                    type(exc).__name__, extra=self.log_extra)
+    def leave_to_reaper(self, exc: redis.exceptions.ConnectionError | StoreUnavailable) -> None:
+        """Redis went away mid-render (restart, failover), or the object store refused the upload: an
+        infrastructure fault, not the job's. The record stays `in_progress`; once the lease is dropped or lapses
+        the reaper requeues it (attempt + 1, a fresh render; an unconfirmed upload is never referenced)."""
+        if isinstance(exc, StoreUnavailable):
+            log.warning("upload failed: %s; the job is requeued and rendered again", exc, extra=self.log_extra)
+        else:
+            log.warning("lost Redis mid-render error=%s; the job is requeued when its lease lapses",
+                        type(exc).__name__, extra=self.log_extra)
         lease.attempt_path(self.job_dir, self.number).unlink(missing_ok=True)
 
     def release(self) -> None:

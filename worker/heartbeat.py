@@ -18,6 +18,7 @@ from typing import Any, Callable
 import redis
 
 from h3batch.core import batches, capacity, defaults, jobs, keys
+from h3batch.core.artifact_store import StoreUnavailable, open_store
 from h3batch.settings import Settings
 from h3batch.worker import reaper
 
@@ -97,8 +98,12 @@ class Heartbeat(threading.Thread):
             return []  # another worker ran the reaper within the interval
         report = reaper.reap(self.r, self.resend, grace_s=max(self.settings.lease_ttl_s, 1.0),
                              record_ttl_s=self.settings.result_ttl_s + defaults.RECORD_GRACE_S)
-        reaper.collect_garbage(self.r, self.settings.artifacts_dir,
-                               orphan_age_s=self.settings.result_ttl_s + defaults.RECORD_GRACE_S)
+        try:
+            reaper.collect_garbage(self.r, self.settings.artifacts_dir,
+                                   orphan_age_s=self.settings.result_ttl_s + defaults.RECORD_GRACE_S,
+                                   store=open_store(self.settings), upload_age_s=self.settings.visibility_timeout_s)
+        except StoreUnavailable as exc:  # the object store is away: the next pass tries again
+            log.warning("garbage pass skipped: %s", exc)
         batches.check_open(self.r, record_ttl_s=self.settings.result_ttl_s + defaults.RECORD_GRACE_S)
         if report.requeued:
             log.warning("re-enqueuing job whose worker lost its lease", extra={"job_id": ",".join(report.requeued)})

@@ -21,7 +21,11 @@ under the `h3b:reconcile` lock; its first pass runs one heartbeat period after t
    once older than any record lives) or finished without a servable video (failed, cancelled, expired), expires completed jobs past their
    `expires_at` (completed → expired, the MP4 goes), and drops the listing-index entries of records that are gone
    (`jobs.prune_indexes`). Before this, files went only by lazy expiry on read or DELETE, so a record's TTL dropped
-   the only pointer to its MP4 and the disk filled.
+   the only pointer to its MP4 and the disk filled. With an S3 store (H3BATCH_ARTIFACT_STORE=s3://...) the same
+   rules run over the bucket: orphans are found by listing the store's prefix (job ids are the first path segment
+   of every key) and looking each id's record up; a completed job also loses the objects of attempts its record
+   does not name (uploaded, then superseded or crashed before `completed`), and multipart uploads abandoned for
+   longer than `upload_age_s` (a worker killed mid-upload) are aborted.
 
 Reading the broker's own structures (the `render` list and kombu's `unacked` hash) is what makes case 2 exact:
 Celery has no API that lists waiting messages of the Redis transport, so this module decodes kombu's message
@@ -35,13 +39,14 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import redis
 
 from h3batch.core import defaults, jobs, keys, lease
+from h3batch.core.artifact_store import ArtifactStore, attempt_of, sibling
 from h3batch.core.broker import ready_lists
 from h3batch.core.jobs import JobStatus, Stage
 
@@ -169,11 +174,18 @@ class GarbageReport:
     removed_dirs: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
     unindexed: list[str] = field(default_factory=list)
+    removed_objects: list[str] = field(default_factory=list)
+    """Job ids whose objects all went from the object store."""
+    pruned_objects: list[str] = field(default_factory=list)
+    """Keys of superseded attempts removed while the job itself stays."""
+    aborted_uploads: int = 0
 
 
 def collect_garbage(r: redis.Redis, artifacts_dir: Path, *, orphan_age_s: float, now: float | None = None,
-                    expired_record_ttl_s: int = defaults.RECORD_GRACE_S) -> GarbageReport:
-    """Case 3 of the module docstring: one pass over the due entries of `h3b:expiry` and over `artifacts_dir`.
+                    expired_record_ttl_s: int = defaults.RECORD_GRACE_S, store: ArtifactStore | None = None,
+                    upload_age_s: float | None = None) -> GarbageReport:
+    """Case 3 of the module docstring: one pass over the due entries of `h3b:expiry` and over `artifacts_dir`
+    (and over the object store, when `store` is one).
 
     A directory whose record is gone is removed at once when `h3b:expiry` says that record expired; one with no
     record and no such trace (lost with a Redis crash) only once it is older than `orphan_age_s` (the longest a
@@ -182,13 +194,68 @@ def collect_garbage(r: redis.Redis, artifacts_dir: Path, *, orphan_age_s: float,
     now = time.time() if now is None else now
     report = GarbageReport(unindexed=jobs.prune_indexes(r, now=now))
     expired_records = set(report.unindexed)
+    _collect_local(r, artifacts_dir, report, expired_records, orphan_age_s=orphan_age_s, now=now,
+                   expired_record_ttl_s=expired_record_ttl_s)
+    if store is not None and store.kind != "local":
+        _collect_store(r, store, report, expired_records, orphan_age_s=orphan_age_s, now=now,
+                       expired_record_ttl_s=expired_record_ttl_s)
+        aborted = store.abort_stale_uploads(orphan_age_s if upload_age_s is None else upload_age_s, now=now)
+        report = replace(report, aborted_uploads=aborted)
+        if report.removed_objects or report.pruned_objects or report.aborted_uploads:
+            log.info("garbage: removed the objects of %d jobs, %d superseded objects, aborted %d uploads",
+                     len(report.removed_objects), len(report.pruned_objects), report.aborted_uploads)
+    return report
+
+
+def _collect_store(r: redis.Redis, store: ArtifactStore, report: GarbageReport, expired_records: set[str], *,
+                   orphan_age_s: float, now: float, expired_record_ttl_s: int) -> None:
+    """The object-store half of collect_garbage: the same rules per job id found under the store's prefix."""
+    found = store.list_jobs()
+    names = sorted(j for j in found if j.startswith("job_"))
+    if not names:
+        return
+    with r.pipeline(transaction=False) as pipe:
+        for job_id in names:
+            pipe.hmget(keys.job(job_id), ["status", "expires_at", "artifact", "attempt"])
+        rows = pipe.execute()
+    for job_id, (status, expires_at, artifact, attempt) in zip(names, rows):
+        objects = found[job_id]
+        if status is None:
+            if job_id not in expired_records and now - objects.newest < orphan_age_s:
+                continue
+        elif status == JobStatus.COMPLETED.value and expires_at and float(expires_at) < now:
+            if job_id not in report.expired:
+                done = jobs.transition(r, job_id, JobStatus.EXPIRED, expect={JobStatus.COMPLETED},
+                                       fields={"artifact": None}, record_ttl_s=expired_record_ttl_s, now=now)
+                if done is None:
+                    continue
+                report.expired.append(job_id)
+        elif status not in _NOT_SERVABLE:
+            # Live job: only objects of attempts its record does not name go (an attempt that uploaded and then
+            # lost the race or crashed before `completed`).
+            if status == JobStatus.COMPLETED.value:
+                folder = sibling(artifact, "") if artifact else None  # `<job>/attempt-<n>/`: MP4 and variants
+                stale = [k for k in objects.keys if folder is not None and not k.startswith(folder)]
+            else:  # queued or in progress: objects of earlier attempts than the record's
+                current = int(attempt or 0)
+                stale = [k for k in objects.keys if (attempt_of(k) or current) < current]
+            if stale:
+                store.delete_keys(stale)
+                report.pruned_objects.extend(stale)
+            continue
+        store.delete_job(job_id)
+        report.removed_objects.append(job_id)
+
+
+def _collect_local(r: redis.Redis, artifacts_dir: Path, report: GarbageReport, expired_records: set[str], *,
+                   orphan_age_s: float, now: float, expired_record_ttl_s: int) -> None:
     try:
         entries = {e.name: e for e in os.scandir(artifacts_dir)
                    if e.name.startswith("job_") and e.is_dir(follow_symlinks=False)}
     except FileNotFoundError:
-        return report
+        return
     if not entries:
-        return report
+        return
     names = sorted(entries)
     with r.pipeline(transaction=False) as pipe:
         for job_id in names:
@@ -211,4 +278,3 @@ def collect_garbage(r: redis.Redis, artifacts_dir: Path, *, orphan_age_s: float,
     if report.removed_dirs:
         log.info("garbage: removed %d artifact directories (%d expired now)", len(report.removed_dirs),
                  len(report.expired))
-    return report

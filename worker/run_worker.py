@@ -74,9 +74,11 @@ def main(argv: list[str]) -> int:
         watchdog.start(resident.r, settings.worker_name, queues.split(","), lambda: resident.heartbeat.state,
                        stall_watch)
         log.info("worker starting consumer queues=%s name=%s", queues, settings.worker_name)
+        # Celery's event heartbeat stays on so Flower lists the worker; under the solo pool it pauses while a job
+        # renders (Flower shows the node offline then). Liveness is h3batch's own heartbeat key, never this one.
         celery.worker_main(["--quiet", "worker", "--pool", "solo", "--concurrency", "1", "--queues", queues,
                             "--hostname", f"{settings.worker_name}@h3batch", "--loglevel", settings.log_level,
-                            "--without-gossip", "--without-mingle", "--without-heartbeat"])
+                            "--without-gossip", "--without-mingle"])
     except SystemExit as exc:
         return int(exc.code or 0)
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ import redis
 from celery import shared_task
 
 from h3batch.core import batches, defaults, lease
+from h3batch.core.artifact_store import StoreUnavailable
 from h3batch.core.exceptions import JobError
 from h3batch.settings import Settings
 from h3batch.worker.attempt import Attempt
@@ -42,7 +43,7 @@ def run_job(res: Resident, job_id: str) -> None:
         attempt.finish_refused(exc)
     except RankGroupError as exc:
         attempt.exit_for_restart(exc)
-    except redis.exceptions.ConnectionError as exc:
+    except (redis.exceptions.ConnectionError, StoreUnavailable) as exc:
         attempt.leave_to_reaper(exc)
     except OutOfMemoryError as exc:  # the job fails gpu_out_of_memory; the worker frees the memory and goes on
         attempt.finish_out_of_memory(exc)

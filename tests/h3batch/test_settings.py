@@ -105,11 +105,23 @@ def test_every_declared_variable_parses_its_documented_default():
     ("H3BATCH_STALL_S", "nan", "expected a number >= 0"),
     ("H3BATCH_BEAT_LOCK_TTL_S", "2", "expected at least 3 seconds"),
     ("H3BATCH_KERNEL_BACKEND", "cuda", "expected one of triton, torch"),
+    ("H3BATCH_ARTIFACT_STORE", "/var/artifacts", "expected s3://BUCKET/PREFIX"),
+    ("H3BATCH_ARTIFACT_STORE", "s3://Bad_Bucket/x", "expected an S3 bucket name"),
+    ("H3BATCH_ARTIFACT_STORE", "s3://", "expected an S3 bucket name"),
+    ("H3BATCH_S3_ENDPOINT_URL", "127.0.0.1:9000", "expected an http:// or https:// URL"),
 ])
 def test_each_parser_refuses_with_the_variable_name(name, raw, needle):
     """Bad values of every kind of variable raise ConfigError naming the variable."""
     with pytest.raises(ConfigError, match=re.escape(f"{name}: {needle}")):
         Settings.from_env({name: raw})
+
+
+def test_artifact_store_url_is_normalised():
+    """`s3://bucket`, `s3://bucket/`, `s3://bucket//a/b/` → bucket plus a prefix that is empty or ends in one /."""
+    assert Settings.from_env({"H3BATCH_ARTIFACT_STORE": "s3://my-bucket"}).artifact_store == "s3://my-bucket/"
+    assert Settings.from_env({"H3BATCH_ARTIFACT_STORE": "s3://my.bucket//a/b/"}).artifact_store == \
+        "s3://my.bucket/a/b/"
+    assert Settings.from_env({}).artifact_store == ""
 
 
 def test_env_value_reads_declared_names_only():

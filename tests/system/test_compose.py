@@ -54,8 +54,12 @@ def test_build_contexts_and_dockerfiles_exist(compose):
 
 
 def test_every_service_has_a_healthcheck_and_depends_on_healthy_redis(compose):
-    """Each service has a healthcheck test; api and gpu-worker wait for Redis to be healthy."""
+    """Each long-running service has a healthcheck test (a one-shot job, `restart: "no"`, exits instead); api and
+    gpu-worker wait for Redis to be healthy."""
     for name, service in compose["services"].items():
+        if service.get("restart") == "no":
+            assert "healthcheck" not in service, f"one-shot {name} has a healthcheck"
+            continue
         assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
     for name in ("api", "gpu-worker"):
         assert compose["services"][name]["depends_on"]["redis"]["condition"] == "service_healthy"
@@ -94,3 +98,55 @@ def test_every_variable_is_documented(compose):
     used |= {var.name for var in VARS}
     missing = sorted(used - documented)
     assert not missing, f"undocumented in docs/service.md: {missing}"
+
+
+def test_ops_profile_runs_flower_for_both_apps_and_prometheus_scraping_the_api(compose):
+    """Profile `ops` holds the two Flowers (render app by broker URL, sweep app by -A) and Prometheus, each published
+    on loopback only; Prometheus sends the API's metrics token from the compose secret that carries
+    H3BATCH_METRICS_TOKEN, which the API is given too; the default `compose up` starts none of them."""
+    services = compose["services"]
+    ops = {name for name, service in services.items() if "ops" in service.get("profiles", [])}
+    assert ops == {"flower", "flower-sweeps", "prometheus"}
+    profiled = {name for name, service in services.items() if service.get("profiles")}
+    assert profiled == ops | {"minio", "minio-init"}
+    for name in ops:
+        assert all(str(port).startswith("127.0.0.1:") for port in services[name]["ports"]), name
+    assert "--broker=redis://redis:6379/0" in services["flower"]["command"]
+    assert services["flower"]["command"][services["flower"]["command"].index("--broker=redis://redis:6379/0") + 1] \
+        == "flower"
+    assert services["flower-sweeps"]["command"][:3] == ["celery", "-A", "h3batch.loadrunner.celery_app"]
+    for name in ("flower", "flower-sweeps"):
+        assert "--read-only" in services[name]["command"] and "FLOWER_BASIC_AUTH" in services[name]["environment"]
+    prometheus = services["prometheus"]
+    config_mount = next(v for v in prometheus["volumes"] if v.endswith(":/etc/prometheus/prometheus.yml:ro"))
+    config = yaml.safe_load((REPO / config_mount.split(":")[0]).read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    api_job = jobs["h3batch-api"]
+    assert api_job["metrics_path"] == "/metrics"
+    assert api_job["static_configs"][0]["targets"] == ["api:8000"]
+    (secret,) = prometheus["secrets"]
+    assert api_job["authorization"] == {"type": "Bearer", "credentials_file": f"/run/secrets/{secret}"}
+    assert compose["secrets"][secret] == {"environment": "H3BATCH_METRICS_TOKEN"}
+    assert services["api"]["environment"]["H3BATCH_METRICS_TOKEN"] == "${H3BATCH_METRICS_TOKEN:-}"
+    flower_targets = {t for group in jobs["flower"]["static_configs"] for t in group["targets"]}
+    assert flower_targets == {"flower:5555", "flower-sweeps:5555"}
+
+
+def test_s3_profile_runs_a_minio_whose_bucket_and_keys_the_api_and_worker_use(compose):
+    """Profile `s3`: a MinIO whose root user is the AWS key pair the api and gpu-worker get, and a one-shot that
+    creates the bucket named by the same H3BATCH_ARTIFACT_STORE; both h3batch services read the store settings."""
+    services = compose["services"]
+    minio, init = services["minio"], services["minio-init"]
+    assert minio["profiles"] == init["profiles"] == ["s3"]
+    assert init["depends_on"]["minio"]["condition"] == "service_healthy"
+    assert minio["environment"]["MINIO_ROOT_USER"] == init["environment"]["MINIO_ROOT_USER"] \
+        == "${AWS_ACCESS_KEY_ID:-}"
+    assert "mc mb --ignore-existing" in init["entrypoint"][-1]
+    assert init["environment"]["H3BATCH_ARTIFACT_STORE"].startswith("${H3BATCH_ARTIFACT_STORE")
+    assert all(str(port).startswith("127.0.0.1:") for port in minio["ports"])
+    for name in ("api", "gpu-worker"):
+        env = services[name]["environment"]
+        for var in ("H3BATCH_ARTIFACT_STORE", "H3BATCH_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+                    "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+            assert var in env, f"{name} lacks {var}"
+    assert "H3BATCH_ARTIFACT_REDIRECT" in services["api"]["environment"]
