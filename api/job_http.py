@@ -125,7 +125,8 @@ def send_job_content(store: ArtifactStore, obj: StoredObject, media_type: str, e
     if response.status_code == 412:
         response.close()
         return error_response(412, "precondition_failed", "If-Match: the file's current ETag matches none of "
-                                                          "the tags sent", False, {"ETag": response.headers.get("ETag", "")})
+                                                          "the tags sent", False,
+                              {"ETag": response.headers.get("ETag", "")})
     response.headers["Accept-Ranges"] = "bytes"
-    response.headers["Cache-Control"] = "private, max-age=3600"
+    response.headers["Cache-Control"] = "private, max-age=3600"  # per-key content: never in shared caches
     return response

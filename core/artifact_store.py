@@ -11,9 +11,9 @@ chosen by H3BATCH_ARTIFACT_STORE (`open_store(settings)`):
 Keys: a *key* here is relative to the store (`<job id>/...`); the job record's `artifact` field holds the key of
 its MP4. In S3 the key names the attempt that uploaded it, so exactly-once completion needs no copy: the attempt
 uploads with a multipart upload (S3 makes the object visible only when CompleteMultipartUpload succeeds, so a
-half-uploaded object is never readable), confirms it with HEAD (size), and only then does the `completed`
-compare-and-set on (in_progress, attempt) name that key. A losing or crashed attempt's key is referenced by no
-record; `clean_up`, the next attempt's claim and the reaper's garbage pass delete it.
+half-uploaded object is never readable), confirms it with HEAD (size and SHA-256 metadata), and only then does the
+`completed` compare-and-set on (in_progress, attempt) name that key. A losing or crashed attempt's key is referenced
+by no record; `clean_up`, the next attempt's claim and the reaper's garbage pass delete it.
 
 Reads are kept plain for every consumer (content downloads, variants, archives): `head(key)` for size/ETag,
 `reader(key)` for a seekable, lazily opened byte stream, `iter_bytes(key, start, end)` for a range in chunks.
@@ -56,6 +56,8 @@ class StoredObject:
     size: int
     etag: str
     modified: float
+    sha256: str | None = None
+    """The content's SHA-256 where the store keeps it (S3 objects h3batch uploaded: `x-amz-meta-sha256`)."""
 
 
 @dataclass
@@ -291,14 +293,16 @@ class S3Store:
         return stored
 
     def put_file(self, local: Path, key: str, media_type: str) -> StoredObject:
-        """Multipart upload of `local` to `key` (parts of STORE_PART_BYTES; aborted on any error, so no parts
-        linger), then HEAD: the object must show the size sent, or it is deleted and UploadNotConfirmed raised."""
+        """Multipart upload of `local` to `key` (parts of STORE_PART_BYTES, each checksummed by botocore; aborted on
+        any error, so no parts linger), then HEAD: the object must show the size sent and the SHA-256 it carries as
+        metadata (`x-amz-meta-sha256`), or it is deleted and UploadNotConfirmed raised."""
         size = Path(local).stat().st_size
+        digest = _sha256_file(Path(local))
         full = self._key(key)
         c = self.client
-        sha = hashlib.sha256()
         try:
-            upload = c.create_multipart_upload(Bucket=self.bucket, Key=full, ContentType=media_type)
+            upload = c.create_multipart_upload(Bucket=self.bucket, Key=full, ContentType=media_type,
+                                               Metadata={"sha256": digest})
         except Exception as exc:  # noqa: BLE001  (botocore's errors, network)
             raise self._unavailable(f"starting the upload of {key}", exc) from None
         upload_id = upload["UploadId"]
@@ -310,7 +314,6 @@ class S3Store:
                     chunk = f.read(defaults.STORE_PART_BYTES)
                     if not chunk and parts:
                         break
-                    sha.update(chunk)
                     part = c.upload_part(Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number,
                                          Body=chunk)
                     parts.append({"PartNumber": number, "ETag": part["ETag"]})
@@ -326,11 +329,11 @@ class S3Store:
                 pass
             raise self._unavailable(f"uploading {key}", exc) from None
         stored = self.head(key)
-        if stored is None or stored.size != size:
+        if stored is None or stored.size != size or stored.sha256 not in (digest, None):
             self._delete([full])
-            raise UploadNotConfirmed(f"object store {self._where()}: {key} shows "
-                                     f"{'nothing' if stored is None else f'{stored.size} bytes'} after uploading "
-                                     f"{size} bytes")
+            shown = "nothing" if stored is None else f"{stored.size} bytes, sha256 {stored.sha256}"
+            raise UploadNotConfirmed(f"object store {self._where()}: {key} shows {shown} after uploading {size} "
+                                     f"bytes, sha256 {digest}")
         log.debug("uploaded key=%s bytes=%d parts=%d", key, size, len(parts))
         return stored
 
@@ -348,7 +351,8 @@ class S3Store:
         except bex.BotoCoreError as exc:
             raise self._unavailable(f"HEAD {key}", exc) from None
         return StoredObject(key=key, size=int(meta["ContentLength"]), etag=str(meta.get("ETag", "")).strip('"'),
-                            modified=meta["LastModified"].timestamp())
+                            modified=meta["LastModified"].timestamp(),
+                            sha256=(meta.get("Metadata") or {}).get("sha256"))
 
     def reader(self, key: str, size: int) -> BinaryIO:
         return _S3Reader(self, key, size)
@@ -513,6 +517,14 @@ class _S3Reader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _error_text(exc: Exception) -> str:

@@ -123,7 +123,7 @@ def test_worker_uploads_a_confirmed_multipart_object_named_by_the_record(s3, don
     head = s3.moto.client().head_object(Bucket=s3.moto.bucket, Key=keys[0])
     assert head["ContentLength"] == int(record["size_bytes"]) > 0
     assert head["ETag"].strip('"').endswith("-1")  # a multipart upload's ETag (one part for a tiny clip)
-    assert head["ContentType"] == "video/mp4"
+    assert head["ContentType"] == "video/mp4" and head["Metadata"]["sha256"] == record["sha256"]
     body = s3.moto.client().get_object(Bucket=s3.moto.bucket, Key=keys[0])["Body"].read()
     assert hashlib.sha256(body).hexdigest() == record["sha256"]
     assert not list(s3.artifacts.glob(f"{job_id}/*"))  # nothing left in the worker's scratch dir
