@@ -13,7 +13,6 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from h3batch.api import idempotency, job_service
@@ -273,13 +272,14 @@ def delete(caller: Caller, batch: dict[str, Any]) -> None:
 
 def item_file(caller: Caller, job_id: str) -> tuple[dict[str, Any], int, Callable[[], BinaryIO]] | None:
     """(record, size, opener) of a batch item's MP4, or None when it has none to serve. The one place the archive
-    reaches a job's file: the resolution GET /jobs/{id}/content uses (job_service.content_path)."""
+    reaches a job's file: the resolution GET /jobs/{id}/content uses (job_service.content_object), so the local
+    directory and S3 (read by ranged GETs) serve the archive alike."""
     try:
-        record, path = job_service.content_path(caller, job_id, JOBS)
+        record, found = job_service.content_object(caller, job_id, JOBS)
     except ApiError:
         return None
-    resolved: Path = path
-    return record, resolved.stat().st_size, lambda: resolved.open("rb")
+    store = caller.artifacts
+    return record, found.size, lambda: store.reader(found.key, found.size)
 
 
 def _names(lines: list[dict[str, Any]]) -> dict[int, str]:

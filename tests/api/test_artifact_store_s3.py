@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import subprocess
 import time
+import zipfile
 
 import av
 import pytest
@@ -159,6 +161,37 @@ def test_stream_download_with_range_etag_and_head(s3, done_job):
 
     openai_url = f"{s3.stream.base}/v1/videos/{job_id}/content"
     assert requests.get(openai_url, headers=AUTH, timeout=30).content == full.content
+
+
+def test_batch_archive_reads_the_mp4s_from_the_bucket(s3):
+    """A batch's zip is assembled from the objects (ranged GETs), not from a local directory: the API's own artifacts
+    directory stays empty, every member equals the item's /content bytes, and a Range of the zip is its slice."""
+    lines = [{"prompt": "a kettle whistles", "seconds": 4, "custom_id": "kettle", **SMALL},
+             {"prompt": "a bell rings twice", "seconds": 4, "custom_id": "bell", **SMALL}]
+    made = requests.post(f"{s3.stream.base}/batches", json={"requests": lines}, headers=AUTH, timeout=30)
+    assert made.status_code == 202, made.text
+    batch_id = made.json()["id"]
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        batch = requests.get(f"{s3.stream.base}/batches/{batch_id}", headers=AUTH, timeout=10).json()
+        if batch["finished_at"]:
+            break
+        time.sleep(0.2)
+    assert batch["status"] == "completed" and batch["counts"]["completed"] == 2, batch
+    archive = requests.get(f"{s3.stream.base}/batches/{batch_id}/archive", headers=AUTH, timeout=60)
+    assert archive.status_code == 200, archive.text
+    results = [json.loads(line) for line in
+               requests.get(f"{s3.stream.base}/batches/{batch_id}/results", headers=AUTH, timeout=10).text.splitlines()]
+    with zipfile.ZipFile(io.BytesIO(archive.content)) as zf:
+        for item in results:
+            member = zf.read(f"{item['custom_id']}.mp4")
+            direct = requests.get(f"{s3.stream.base}/jobs/{item['job_id']}/content", headers=AUTH, timeout=30)
+            assert member == direct.content and _decode_frames(member) > 0
+    part = requests.get(f"{s3.stream.base}/batches/{batch_id}/archive", headers={**AUTH, "Range": "bytes=100-4099"},
+                        timeout=60)
+    assert part.status_code == 206 and part.content == archive.content[100:4100]
+    api_dir = s3.artifacts.parent / "api-artifacts"
+    assert not any(api_dir.rglob("*.mp4")) if api_dir.exists() else True
 
 
 def test_variants_are_derived_once_and_stored_beside_the_mp4(s3, done_job):
