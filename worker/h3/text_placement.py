@@ -108,9 +108,9 @@ class HostedTextEncoder:
             self.units = [_Unit(stack, pin)]
         else:
             self.units = [_Unit(unit, pin) for unit in units]
-            for unit in self.units:
-                unit.module.register_forward_pre_hook(lambda module, args, unit=unit: unit.visit(self.device))
-                unit.module.register_forward_hook(lambda module, args, out, unit=unit: unit.leave())
+            encoder.placement_hooks = [handle for unit in self.units for handle in (
+                unit.module.register_forward_pre_hook(lambda module, args, unit=unit: unit.visit(self.device)),
+                unit.module.register_forward_hook(lambda module, args, out, unit=unit: unit.leave()))]
         encoder.device = self.device
         self.nbytes = sum(unit.nbytes for unit in self.units)
         self.largest_unit_bytes = max(unit.nbytes for unit in self.units)
@@ -175,6 +175,9 @@ def place_text_encoder(encoder, device: str | torch.device, mode: str, *, keep_m
     device = torch.device(device)
     if mode not in MODES:
         raise ValueError(f"text encoder placement: expected one of {', '.join(MODES)}, got {mode!r}")
+    for handle in getattr(encoder, "placement_hooks", ()):  # placed before as `stream`: its hooks go
+        handle.remove()
+    encoder.placement_hooks = []
     if mode == "resident":
         _idle_parts_to_host(encoder)
         encoder.text_stack.to(device)

@@ -96,3 +96,14 @@ def test_bad_prompt_is_refused_before_any_weight_moves(tiny_text_dirs):
 def test_unknown_placement_is_refused(tiny_text_dirs):
     with pytest.raises(ValueError, match="expected one of resident, offload, stream"):
         place_text_encoder(load(tiny_text_dirs), "cpu", "gpu")
+
+
+def test_placing_again_removes_the_stream_hooks(tiny_text_dirs, resident_features):
+    """An encoder placed as `stream` and then resident keeps no streaming hooks and still encodes the same."""
+    encoder = load(tiny_text_dirs)
+    place_text_encoder(encoder, "cpu", "stream")
+    assert all(layer._forward_pre_hooks for layer in encoder.text_stack.layers)
+    resident = place_text_encoder(encoder, "cpu", "resident")
+    assert not any(layer._forward_pre_hooks or layer._forward_hooks for layer in encoder.text_stack.layers)
+    features, _ = resident.encode(PROMPTS[0])
+    assert torch.equal(features, resident_features[0][0])
