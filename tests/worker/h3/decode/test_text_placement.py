@@ -28,13 +28,22 @@ def stack_tensors(encoder: TextEncoder) -> dict[str, torch.Tensor]:
     return dict(encoder.text_stack.named_parameters())
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # on a GPU machine: pinned host, async copies
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["offload", "stream"])
-def test_hosted_encoder_gives_bit_identical_features(tiny_text_dirs, resident_features, mode):
+def test_hosted_encoder_gives_bit_identical_features(tiny_text_dirs, resident_features, mode, device):
     """Every prompt encodes to exactly the resident encoder's features and length, twice in a row."""
-    hosted = place_text_encoder(load(tiny_text_dirs), "cpu", mode)
+    if device == "cpu":
+        expected_features = resident_features
+    else:
+        resident = place_text_encoder(load(tiny_text_dirs), device, "resident")
+        expected_features = [resident.encode(prompt) for prompt in PROMPTS]
+    hosted = place_text_encoder(load(tiny_text_dirs), device, mode)
     assert isinstance(hosted, HostedTextEncoder)
     for _ in range(2):
-        for prompt, (expected, rows) in zip(PROMPTS, resident_features):
+        for prompt, (expected, rows) in zip(PROMPTS, expected_features):
             features, length = hosted.encode(prompt)
             hosted.settle(10_000)
             assert length == rows and features.dtype == expected.dtype
