@@ -20,7 +20,9 @@ H200 (`H200_MEASURED`, docs/benchmarks.md "Memory per stage"): two clips at 1344
 (S, peak) points of the denoise stage, through which a·S + b·S² passes (b·S² is the VSA tile maps, n x n per head);
 the decode of one 28-tile chunk gives decode_per_tile. `sp_full_per_row` (SP ranks keep the full-S embed output,
 RoPE tables and the all-to-all buffers of their heads) is an estimate from the shapes, not measured: no multi-GPU
-machine was lent.
+machine was lent. The activation constants are the V2 33B DiT's: for a smaller release (the tiny one) the plan takes
+the real module bytes but over-states the activations, so its `max_rows` errs low. On the CPU the device memory is
+the host's RAM.
 
 Text-encoder placement with one GPU (`H3BATCH_TEXT_ENCODER_PLACEMENT`, default `auto`): `resident` when the
 largest allowed clip at the release's default canvas (15 s, a prompt of `MAX_TEXT_ROWS` tokens) fits beside it,
