@@ -32,6 +32,11 @@ def _fetch_release(argv: list[str]) -> int:
     return release_ref.main(argv)
 
 
+def _memory_plan(argv: list[str]) -> int:
+    from h3batch.worker.h3 import memory_plan
+    return memory_plan.main(argv)
+
+
 def _render(argv: list[str]) -> int:
     from h3batch.worker import render_cli
     return render_cli.main(argv)
@@ -87,6 +92,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("check-release", "validate a release directory against the checkpoint contract", _check_release),
     Command("fetch-release", "fetch a Hub release (org/name@revision) into the HF cache, print its folder",
             _fetch_release),
+    Command("memory-plan", "print where the models live per rank and the longest clip each GPU count serves",
+            _memory_plan),
     Command("render", "render one prompt to an MP4 on this machine", _render),
     Command("api", "run the HTTP API", _api),
     Command("submit", "submit a prompt to a running API, show progress, download the MP4", _submit),

@@ -263,6 +263,11 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
     ("H3BATCH_RANKS", "ranks", "1", _ranks, "worker",
      "sequence-parallel ranks per worker: N resident processes, one GPU each (`auto`: every visible GPU); see "
      "docs/parallelism.md"),
+    ("H3BATCH_TEXT_ENCODER_PLACEMENT", "text_encoder_placement", "auto",
+     _choice("auto", "resident", "offload", "stream"), "worker",
+     "where the text encoder's weights live between prompts: `auto` (the memory plan's choice: on the GPU when the "
+     "longest clip fits beside it), `resident` (GPU), `offload` (host memory, copied to the GPU to encode), "
+     "`stream` (host memory, one layer at a time on the GPU); see docs/performance.md"),
     ("H3BATCH_WORKER_NAME", "worker_name", "<hostname>-<pid>", _text, "worker",
      "worker name in heartbeats and job records"),
     ("H3BATCH_STALL_S", "stall_s", "60", _non_negative_float, "worker",
@@ -370,6 +375,7 @@ class Settings:
     require_pinned_base: bool = False
     device: str | None = None
     ranks: str = "1"
+    text_encoder_placement: str = "auto"
     worker_name: str = ""
     stall_s: float = 60.0
     render_stall_s: float = 300.0

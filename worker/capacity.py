@@ -32,18 +32,22 @@ def advertised_max_rows(override: int | None = None, plan_max_rows: int | None =
     if plan_max_rows is not None:
         if isinstance(plan_max_rows, bool) or not isinstance(plan_max_rows, int) or plan_max_rows < 1:
             raise ValueError(f"memory plan: max_rows must be a positive integer, got {plan_max_rows!r}")
-        return plan_max_rows
+        return min(plan_max_rows, CONTRACT_MAX_ROWS)  # past the contract's largest request, the contract binds
     return CONTRACT_MAX_ROWS
 
 
 def plan_max_rows_of(pipeline: Any) -> int | None:
-    """The memory plan's `max_rows` for a loaded pipeline, None while it has none: the hook the plan plugs into.
+    """The memory plan's `max_rows` for a loaded pipeline on CUDA, None otherwise: the hook the plan plugs into.
 
-    Reads `pipeline.memory_plan.max_rows` when the loader attached a plan; the in-process and rank-group pipelines
-    of today attach none, so the worker advertises the contract's maximum (or H3BATCH_MAX_ROWS).
+    Reads `pipeline.memory_plan.max_rows` (Pipeline.load attaches the plan; a rank group carries rank 0's). On a
+    CPU the plan's activation constants (calibrated on the H200 at V2 size) and "device memory" (host RAM) say
+    nothing about what fits, so a CPU worker advertises the contract's maximum instead.
     """
     plan = getattr(pipeline, "memory_plan", None)
-    return None if plan is None else getattr(plan, "max_rows", None)
+    device = str(getattr(pipeline, "device", ""))
+    if plan is None or not device.startswith("cuda"):
+        return None
+    return getattr(plan, "max_rows", None)
 
 
 def capacity_source(override: int | None, plan_max_rows: int | None) -> str:

@@ -36,6 +36,7 @@ import torch
 
 from h3batch.core.geometry import RequestGeometry, check_canvas_area
 from h3batch.worker.h3 import base_vae_fetch, contract, decode, mp4, packing, release_ref, vae_checkpoint_convert
+from h3batch.worker.h3 import memory_plan as memory_plan
 from h3batch.worker.h3.loader import load_transformer
 from h3batch.worker.h3.sampler import SigmaLadder, initial_noise
 from h3batch.worker.h3.vsa_plan import vsa_plan_for_layout
@@ -146,6 +147,36 @@ def provenance_tags(provenance: dict[str, str | None]) -> dict[str, str]:
     return {key: value for key, value in tags.items() if value}
 
 
+def module_bytes(module: torch.nn.Module | None, *, device: torch.device | None = None) -> int:
+    """Bytes of a module's parameters and buffers (only those on `device` when given)."""
+    if module is None:
+        return 0
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors if device is None or t.device.type == device.type)
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """Memory of one device as the plan sees it: the GPU's total, or this host's RAM for the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[1])
+    import os
+
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def plan_for(device: torch.device, dit, text, video_vae, audio_vae, *, ranks: int = 1,
+             canvas: tuple[int, int] = (1344, 768), placement: str = "auto") -> memory_plan.MemoryPlan:
+    """The memory plan from the loaded modules' own bytes (the text stack as it runs: embeddings + kept layers;
+    the largest streamed unit is its widest layer or the embedding table)."""
+    stack = text.text_stack
+    units = [stack.embed_tokens, *stack.layers]
+    sizes = memory_plan.PartSizes(dit=module_bytes(dit), text_encoder=module_bytes(stack),
+                                  text_unit=max(module_bytes(unit) for unit in units),
+                                  video_vae=module_bytes(video_vae), audio_vae=module_bytes(audio_vae))
+    return memory_plan.plan(sizes, gpu_bytes=device_memory_bytes(device), ranks=ranks, canvas=canvas,
+                            placement=placement)
+
+
 def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
@@ -169,19 +200,26 @@ class Pipeline:
         self.sparsity = float(info.entry.contract.vsa_sparsity)
         self.canvas = info.canvas  # default size and bucket budget of this release (callers resolve sizes with it)
         self.write_options = write_options or WriteOptions()
+        self.memory_plan: memory_plan.MemoryPlan | None = None  # set by `load`; None for a DiT-only rank
 
     @classmethod
     def load(cls, release: str | Path, *, device: str | torch.device | None = None,
              hf_cache: str | Path | None = None, require_pinned_base: bool = False,
-             warm_up: Sequence[RenderRequest] | None = None) -> Pipeline:
+             warm_up: Sequence[RenderRequest] | None = None, text_placement: str = "auto",
+             ranks: int = 1) -> Pipeline:
         """Resolve the release (a directory or a Hub reference), validate it, fetch the base VAEs at the provenance
         revision and load every model; raises ValueError on any violation (the reference, contract and fetch errors
         are one line naming what failed).
 
         On CUDA the video VAE is kept decoder-only in fp16 with compiled ViT blocks, and `warm_up` (default: one
         request at the release's default canvas) runs before returning, so the caller reports ready only once no
-        first-job compile is left. On CPU the fp32 VAE is used as loaded and nothing is warmed up."""
+        first-job compile is left. On CPU the fp32 VAE is used as loaded and nothing is warmed up.
+
+        The memory plan (worker/h3/memory_plan.py) for `ranks` GPUs like this one is made from the loaded modules'
+        bytes and logged; it places the text encoder (`text_placement`: auto, resident, offload, stream; see
+        worker/h3/text_placement.py) and is kept as `memory_plan` (its `max_rows` is what this worker serves)."""
         from h3batch.worker.h3.text_encoder import TextEncoder
+        from h3batch.worker.h3.text_placement import place_text_encoder
 
         device = torch.device(device) if device is not None else default_device()
         resolved = release_ref.resolve_release(release, release_ref.ReleaseRole.TEXT, cache_dir=hf_cache)
@@ -193,14 +231,21 @@ class Pipeline:
                  provenance["release_commit"] or "(local directory)", base.repo_id, base.revision, base.commit)
         root = Path(info.path)
         dit = load_transformer(root / "transformer", vsa_gates=True, device=device)
-        text = TextEncoder.load(root / "text_encoder", root / "tokenizer", info.entry.text_hidden_layer, device)
         cuda = device.type == "cuda"
         # Decoder only, on every device: the encoder (0.67 GiB at V2 size) is dropped before the move, so it never
         # reaches the GPU; decode post-processing then runs per temporal chunk (WriteOptions.tile_batch=0).
         video_vae = decode.prepare_video_decoder(vae_checkpoint_convert.load_video_vae(base.root).eval(),
                                                  torch.float16 if cuda else None, compile_blocks=cuda).to(device)
         audio_vae = vae_checkpoint_convert.load_audio_vae(base.root).to(device).eval()
+        # The encoder loads into host memory; the plan decides whether its text stack moves to the GPU.
+        text = TextEncoder.load(root / "text_encoder", root / "tokenizer", info.entry.text_hidden_layer,
+                                "cpu" if cuda else device)
+        plan = plan_for(device, dit, text, video_vae, audio_vae, ranks=ranks, canvas=info.canvas.default,
+                        placement=text_placement)
+        text = place_text_encoder(text, device, plan.placement, keep_max_rows=plan.keep_encoder_max_rows)
+        log.info("memory plan (%s):\n%s", device, memory_plan.format_plan(plan))
         pipe = cls(info, dit, text, video_vae, audio_vae, device, provenance)
+        pipe.memory_plan = plan
         if cuda:
             canvas = pipe.canvas
             default = RenderRequest(prompt="warm-up", width=canvas.default_width, height=canvas.default_height)
@@ -263,8 +308,11 @@ class Pipeline:
         progress("text_encode", 0, 0)
         t0 = time.perf_counter()
         features, text_rows = self.text_encoder.encode(req.prompt)
-        refined = self.dit.refine_text(features.to(self.device))
         layout = packing.build_packed_layout(text_rows, geo)
+        settle = getattr(self.text_encoder, "settle", None)
+        if settle is not None:  # a hosted encoder leaves the GPU unless this clip fits beside it
+            settle(layout.sequence_length)
+        refined = self.dit.refine_text(features.to(self.device))
         plan = vsa_plan_for_layout(layout, sparsity=self.sparsity)
         dev_layout = layout.to(self.device)
         timings["text_encode"] = time.perf_counter() - t0

@@ -73,19 +73,21 @@ def ranks_from_env(environ: dict[str, str] | None = None) -> int:
 
 
 def load_pipeline(release_dir: str | Path, *, ranks: int = 1, device: str | torch.device | None = None,
-                  hf_cache: str | Path | None = None, require_pinned_base: bool = False
-                  ) -> Pipeline | RankGroupPipeline:
+                  hf_cache: str | Path | None = None, require_pinned_base: bool = False,
+                  text_placement: str = "auto") -> Pipeline | RankGroupPipeline:
     """A resident pipeline: the plain in-process `Pipeline` for ranks = 1, a `RankGroupPipeline` for more.
 
-    Both offer release_id, contract_hash, validate(req), render(req, out_path, on_progress=, should_cancel=), close().
+    Both offer release_id, contract_hash, memory_plan, validate(req), render(req, out_path, on_progress=,
+    should_cancel=), close(). `text_placement` is H3BATCH_TEXT_ENCODER_PLACEMENT (worker/h3/memory_plan.py).
     Raises ValueError for a bad rank count or release (the contract and loader errors name the field).
     """
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks: expected a positive integer, got {ranks!r}")
     if ranks == 1:
-        return Pipeline.load(release_dir, device=device, hf_cache=hf_cache, require_pinned_base=require_pinned_base)
+        return Pipeline.load(release_dir, device=device, hf_cache=hf_cache, require_pinned_base=require_pinned_base,
+                             text_placement=text_placement)
     return RankGroupPipeline.start(release_dir, ranks=ranks, device=device, hf_cache=hf_cache,
-                                   require_pinned_base=require_pinned_base)
+                                   require_pinned_base=require_pinned_base, text_placement=text_placement)
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class RankSpec:
     threads: int | None  # CPU threads per rank; None = torch's default (e.g. OMP_NUM_THREADS)
     log_level: int  # the driver's root logging level, so ranks log like the process that started them
     require_pinned_base: bool = False  # H3BATCH_REQUIRE_PINNED_BASE
+    text_placement: str = "auto"  # H3BATCH_TEXT_ENCODER_PLACEMENT (rank 0's encoder)
 
 
 class RankGroupPipeline:
@@ -113,6 +116,7 @@ class RankGroupPipeline:
         self.contract_hash = ready["contract_hash"]
         self.provenance = ready.get("provenance", {})
         self.canvas = ready.get("canvas")
+        self.memory_plan = ready.get("memory_plan")  # rank 0's plan for the whole group (worker/h3/memory_plan.py)
         self._processes = processes
         self._commands = commands
         self._events = events
@@ -123,7 +127,7 @@ class RankGroupPipeline:
     @classmethod
     def start(cls, release_dir: str | Path, *, ranks: int, device: str | torch.device | None = None,
               hf_cache: str | Path | None = None, start_timeout_s: float | None = None,
-              require_pinned_base: bool = False) -> RankGroupPipeline:
+              require_pinned_base: bool = False, text_placement: str = "auto") -> RankGroupPipeline:
         """Spawn `ranks` processes, load the release on each and wait until all are ready.
 
         device: "cuda" (rank r on cuda:r; needs ranks ≤ visible GPUs), "cpu" (gloo), None = cuda when available.
@@ -142,7 +146,8 @@ class RankGroupPipeline:
         if device_type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             threads = max(1, (os.cpu_count() or 1) // ranks)
         spec = RankSpec(str(release_dir), None if hf_cache is None else str(hf_cache), ranks, device_type,
-                        _free_port(), threads, logging.getLogger().getEffectiveLevel(), require_pinned_base)
+                        _free_port(), threads, logging.getLogger().getEffectiveLevel(), require_pinned_base,
+                        text_placement)
 
         ctx = mp.get_context("spawn")
         commands = [ctx.Queue() for _ in range(ranks)]
@@ -365,6 +370,12 @@ class BroadcastTextEncoder:
         dist.broadcast(features, src=0, group=self.group)
         return features, rows
 
+    def settle(self, sequence_rows: int) -> None:
+        """Rank 0's hosted encoder leaves the GPU unless the clip fits beside it (text_placement.py)."""
+        settle = getattr(self.encoder, "settle", None)
+        if settle is not None:
+            settle(sequence_rows)
+
 
 class StepBoundaryVote:
     """`should_cancel` for `Pipeline.denoise` on every rank: rank 0 reads the cancel event, all ranks get its answer."""
@@ -389,7 +400,8 @@ def _load_rank_pipeline(rank: int, spec: RankSpec, device: torch.device) -> Pipe
 
     if rank == 0:
         pipe = Pipeline.load(spec.release_dir, device=device, hf_cache=spec.hf_cache,
-                             require_pinned_base=spec.require_pinned_base)
+                             require_pinned_base=spec.require_pinned_base, text_placement=spec.text_placement,
+                             ranks=spec.world)
     else:
         resolved = release_ref.resolve_release(spec.release_dir, release_ref.ReleaseRole.DIT, cache_dir=spec.hf_cache)
         info = contract.validate_release(resolved.path, require_pinned_base=spec.require_pinned_base,
@@ -428,7 +440,8 @@ def _rank_main(rank: int, spec: RankSpec, commands, events, cancel) -> None:
             events.put((0, rank, "failed", traceback.format_exc()))
             return
         events.put((0, rank, "ready", {"release_id": pipe.release_id, "contract_hash": pipe.contract_hash,
-                                       "provenance": pipe.provenance, "canvas": pipe.canvas}))
+                                       "provenance": pipe.provenance, "canvas": pipe.canvas,
+                                       "memory_plan": pipe.memory_plan}))
         _serve(rank, pipe, commands, events, cancel, device, parent)
     finally:
         dist.destroy_process_group()

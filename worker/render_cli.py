@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", default=None,
                    help="sequence-parallel ranks: N processes, one device each (cuda:0..N-1, or gloo on cpu); "
                         "'auto' = every visible GPU (default: $H3BATCH_RANKS, else 1)")
+    p.add_argument("--text-placement", default=None, choices=("auto", "resident", "offload", "stream"),
+                   help="where the text encoder lives between prompts (default: $H3BATCH_TEXT_ENCODER_PLACEMENT, "
+                        "else auto: the memory plan's choice; docs/performance.md)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -107,7 +110,9 @@ def main(argv: list[str]) -> int:
     try:
         pipe = load_pipeline(args.release, ranks=ranks, device=args.device,
                              hf_cache=resolve_hf_cache(ref.directory, args.hf_cache),
-                             require_pinned_base=bool(env_value("H3BATCH_REQUIRE_PINNED_BASE")))
+                             require_pinned_base=bool(env_value("H3BATCH_REQUIRE_PINNED_BASE")),
+                             text_placement=args.text_placement or env_value("H3BATCH_TEXT_ENCODER_PLACEMENT")
+                             or "auto")
     except ValueError as err:  # contract, provenance and loader errors all name the field or key
         return _fail(str(err).splitlines()[0])
     except RankGroupError as err:
@@ -152,5 +157,8 @@ def main(argv: list[str]) -> int:
                                                                         result.timings.items()}},
         "device": str(pipe.device), "ranks": ranks,
     }
+    plan = getattr(pipe, "memory_plan", None)
+    if plan is not None:
+        summary.update(text_encoder_placement=plan.placement, max_rows=plan.max_rows)
     print(json.dumps(summary))
     return 0

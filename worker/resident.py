@@ -59,7 +59,8 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
         ranks = ranks_from_env({RANKS_ENV: settings.ranks})  # ValueError names H3BATCH_RANKS
         # ranks = 1: the plain in-process Pipeline; more: a resident rank group (spawned, one GPU each).
         pipeline = load_pipeline(settings.release_dir, ranks=ranks, device=settings.device,
-                                 hf_cache=settings.hf_cache_dir, require_pinned_base=settings.require_pinned_base)
+                                 hf_cache=settings.hf_cache_dir, require_pinned_base=settings.require_pinned_base,
+                                 text_placement=settings.text_encoder_placement)
         load_s = time.perf_counter() - started
         loads = int(r.hincrby(keys.STATS, "model_loads", 1))
         sender = make_celery(settings.redis_url, max_run_s=settings.max_run_s)
@@ -85,6 +86,11 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
         webhook_delivery.start_dispatcher(r)  # signed POSTs for finished jobs with a webhook_url
         log.info("model resident release=%s load_s=%.2f total_model_loads=%d max_rows=%d (%s)", pipeline.release_id,
                  load_s, loads, max_rows, capacity.capacity_source(settings.max_rows, plan_rows))
+        plan = getattr(pipeline, "memory_plan", None)
+        if plan is not None:  # the plan's table was logged at load; one structured line to grep for
+            log.info("memory plan ranks=%d text_encoder=%s max_rows=%d seconds_served=%.2f", plan.ranks,
+                     plan.placement, plan.max_rows, plan.seconds_served,
+                     extra={"max_rows": plan.max_rows, "text_encoder_placement": plan.placement})
         _resident = Resident(settings=settings, r=r, pipeline=pipeline, heartbeat=heartbeat,
                              deadline=deadline, max_rows=max_rows)
         return _resident

@@ -20,6 +20,12 @@ class _Plan:
 
 class _PlannedPipeline:
     memory_plan = _Plan()
+    device = "cuda:0"
+
+
+class _CpuPipeline:
+    memory_plan = _Plan()
+    device = "cpu"
 
 
 def test_override_beats_the_plan_which_beats_the_contract():
@@ -35,6 +41,11 @@ def test_override_beats_the_plan_which_beats_the_contract():
 def test_the_plan_hook_reads_a_pipelines_memory_plan():
     assert capacity.plan_max_rows_of(_PlannedPipeline()) == 42_000
     assert capacity.plan_max_rows_of(object()) is None
+    assert capacity.plan_max_rows_of(_CpuPipeline()) is None  # the plan's H200 constants say nothing about a CPU
+
+
+def test_a_plan_past_the_contracts_largest_request_advertises_the_contract():
+    assert capacity.advertised_max_rows(plan_max_rows=290_426) == CONTRACT_MAX_ROWS
 
 
 def test_capacity_measure_counts_the_longest_prompt_the_encoder_reads():

@@ -58,6 +58,13 @@ class TextEncoder:
         self.tokenizer = tokenizer
         self.hidden_layer = hidden_layer
         self.max_tokens = max_tokens
+        self.device: torch.device | None = None  # where the inputs go; None = the model's (see text_placement.py)
+
+    @property
+    def text_stack(self) -> torch.nn.Module:
+        """The part that runs for a text-only prompt: embeddings, the kept decoder layers, the rotary tables
+        (the vision tower and the LM head never run)."""
+        return self.model.model.language_model
 
     @classmethod
     def load(
@@ -112,7 +119,7 @@ class TextEncoder:
     def encode(self, prompt: str) -> tuple[torch.Tensor, int]:
         """Return (features ``[1, L, text_dim]`` in the encoder dtype, L) for one prompt."""
         token_ids = self.tokenize(prompt)
-        device = self.model.device
+        device = self.device if self.device is not None else self.model.device
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=device)  # [1, L]
         outputs = self.model.model(
             input_ids=input_ids,
