@@ -17,7 +17,7 @@ from h3batch.api.errors import ApiError
 
 log = logging.getLogger("h3batch.api")
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/", "/ui/sweeps"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/", "/ui/batches", "/ui/sweeps"})
 """Routes answered without a key (the web UI's pages hold no data; their script sends the key)."""
 OPEN_PREFIXES = ("/static/",)
 """Path prefixes answered without a key: the web UI's script and stylesheet."""
