@@ -108,10 +108,13 @@ def custom_id_problem(value: Any) -> str | None:
     return None
 
 
-def request_body(requests_: list[dict], metadata: dict | None, on_invalid: str) -> dict:
+def request_body(requests_: list[dict], metadata: dict | None, on_invalid: str,
+                 webhook_url: str | None = None) -> dict:
     body: dict[str, Any] = {"requests": requests_, "on_invalid": on_invalid}
     if metadata:
         body["metadata"] = metadata
+    if webhook_url:
+        body["webhook_url"] = webhook_url
     return body
 
 
@@ -404,7 +407,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if out_dir.exists() and not out_dir.is_dir():
             raise CliError(f"--out-dir: {out_dir} is not a folder")
         out_dir.mkdir(parents=True, exist_ok=True)
-        body = request_body(requests_, metadata, args.on_invalid)
+        body = request_body(requests_, metadata, args.on_invalid, args.webhook_url)
         sha = body_sha256(body)
         client = Client(args.api, args.api_key)
         try:

@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     batch.add_argument("--on-invalid", choices=("reject", "skip"), default="reject",
                        help="server-side: refuse the whole batch for a bad line (default) or skip the bad lines")
     batch.add_argument("--metadata", default=None, help="JSON object stored on the batch")
+    batch.add_argument("--webhook-url", default=None, help="the server POSTs the finished batch here")
     batch.add_argument("--poll", type=float, default=1.0, help="seconds between batch status polls (default 1)")
     parser.add_argument("--wait", action="store_true", help="follow the job until it finishes")
     parser.add_argument("--out", type=Path, default=None, help="save the MP4 here (implies --wait)")
@@ -120,7 +121,7 @@ def main(argv: list[str]) -> int:
         from h3batch.api import client_batch  # noqa: PLC0415  (the batch flow only when asked for)
 
         return client_batch.run(args, parser)
-    for name in ("out_dir", "no_archive", "metadata"):
+    for name in ("out_dir", "no_archive", "metadata", "webhook_url"):
         if getattr(args, name) not in (None, False):
             parser.error(f"--{name.replace('_', '-')} needs --file")
     if args.prompt is None:
