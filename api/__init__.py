@@ -18,7 +18,7 @@ _REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _FROM_SETTINGS = ("redis_url", "max_queued", "max_prompt_chars", "max_run_s", "result_ttl_s", "api_threads",
                   "wait_max", "wait_max_per_key", "sse_max_streams", "sse_max_streams_per_key", "sse_max_s",
                   "sse_keepalive_s", "openai_model", "canvas", "sweep_queue", "sweep_allow_loopback",
-                  "sweep_allow_private")
+                  "sweep_allow_private", "max_batch")
 """Settings fields the API reads as they are, under their names in capitals (`CANVAS`: a name of
 core.geometry.CANVAS_PROFILES); the rest are converted below."""
 
@@ -48,6 +48,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
 
     from h3batch.api import (  # noqa: PLC0415
         auth,
+        batches,
         errors,
         health,
         jobs,
@@ -65,6 +66,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     errors.register_error_handlers(app)
     auth.init_auth(app)
     ratelimit.init_rate_limit(app)  # after auth: limits are per API key
+    batches.init_batches(app)  # before the request guard: POST /batches has its own body limit
     request_guard.init_request_guard(app)
     budget = slots.init_slots(app)
     log.debug("slots threads=%d waits=%d/%d per key streams=%d/%d per key", budget.threads, budget.waits,
@@ -73,6 +75,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     app.after_request(_finish_request)
     app.register_blueprint(health.bp)
     app.register_blueprint(jobs.bp)
+    app.register_blueprint(batches.bp)
     app.register_blueprint(openapi.bp)
     app.register_blueprint(sweeps.bp)
     app.register_blueprint(openai_videos.bp)

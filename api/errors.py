@@ -24,20 +24,23 @@ class ApiError(Exception):
     """An HTTP error with a stable machine-readable `code`; `headers` are added to the response (e.g. Retry-After)."""
 
     def __init__(self, status: int, code: str, message: str, retryable: bool = False,
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, details: list[dict] | None = None):
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.retryable = retryable
         self.headers = dict(headers or {})
+        self.details = details  # `error.details`: e.g. POST /batches' refused lines
 
 
 def error_response(status: int, code: str, message: str, retryable: bool = False,
-                   headers: dict[str, str] | None = None):
+                   headers: dict[str, str] | None = None, details: list[dict] | None = None):
     """A Flask response carrying the error envelope."""
     body = {"error": {"code": code, "message": message, "retryable": retryable,
                       "request_id": g.get("request_id")}}
+    if details is not None:
+        body["error"]["details"] = details
     response = jsonify(body)
     response.status_code = status
     for name, value in (headers or {}).items():
@@ -61,7 +64,7 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(ApiError)
     def _api_error(exc: ApiError):
-        return error_response(exc.status, exc.code, exc.message, exc.retryable, exc.headers)
+        return error_response(exc.status, exc.code, exc.message, exc.retryable, exc.headers, exc.details)
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):

@@ -9,6 +9,7 @@ always answered; the vocabulary holds the codes and wording that differ (/jobs s
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -17,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from pydantic import ValidationError
 
 from h3batch.api import idempotency
 from h3batch.api.errors import ApiError
-from h3batch.api.schemas import CreateJob
+from h3batch.api.schemas import CreateJob, first_error
 from h3batch.core import defaults
 from h3batch.core import jobs as store
 from h3batch.core.jobs import FINISHED, BadCursor, JobSpec, JobStatus
@@ -31,6 +33,38 @@ NO_RETRY = {"x-should-retry": "false"}
 """On final 409s: the OpenAI SDK retries every 409 unless told not to."""
 ACTIVE = frozenset({JobStatus.QUEUED.value, JobStatus.IN_PROGRESS.value})
 _FINISHED = frozenset(s.value for s in FINISHED)
+
+
+_ERROR_CODES = {"extra_forbidden": "unsupported_parameter", "unsupported_size": "unsupported_size",
+                "unsupported_duration": "unsupported_duration"}
+_OWN_MESSAGES = ("unsupported_size", "unsupported_duration", "empty_prompt", "prompt_too_long", "invalid_text",
+                 "bool_refused")
+"""Validation errors whose message already names the field."""
+_NAMED = re.compile(r"^([a-z_]+):")
+
+
+class FieldError(ApiError):
+    """A refused create request, with the field it names (`body` when none): POST /batches reports it per line."""
+
+    def __init__(self, status: int, code: str, message: str, field: str):
+        super().__init__(status, code, message)
+        self.field = field
+
+
+def validate_create(body: dict, *, max_prompt_chars: int, canvas: str | None) -> CreateJob:
+    """A create body as CreateJob, by the request contract (core/geometry.py, core/request_rules.py through
+    api/schemas.py). FieldError 400 naming the first bad field (unsupported_parameter for unknown ones)."""
+    try:
+        return CreateJob.model_validate(body, context={"max_prompt_chars": max_prompt_chars, "canvas": canvas})
+    except ValidationError as exc:
+        kind, where, message = first_error(exc)
+        if kind == "extra_forbidden":
+            message = f"{where}: unknown field (accepted: prompt, seconds, width, height, seed, release, webhook_url)"
+        elif kind not in _OWN_MESSAGES:
+            message = f"{where}: {message}"
+        named = _NAMED.match(message)
+        field = where if where != "body" else (named.group(1) if named else "body")
+        raise FieldError(400, _ERROR_CODES.get(kind, "invalid_request"), message, field) from None
 
 
 @dataclass(frozen=True)

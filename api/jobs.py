@@ -9,12 +9,11 @@ import time
 
 import redis
 from flask import Blueprint, Response, current_app, g, jsonify, request, stream_with_context
-from pydantic import ValidationError
 
 from h3batch.api import idempotency, job_http, job_service, slots
 from h3batch.api.errors import ApiError
 from h3batch.api.redis_client import get_redis
-from h3batch.api.schemas import CreateJob, first_error, job_view
+from h3batch.api.schemas import CreateJob, job_view
 from h3batch.api.wait import POLL_S, wait_for_finish
 from h3batch.core import defaults, keys
 from h3batch.core.jobs import FINISHED, TERMINAL_EVENTS, JobStatus, load_job
@@ -36,25 +35,10 @@ _STREAM_ID_MAX = 2**64 - 1
 """Each half of a Redis stream id is an unsigned 64-bit integer; a larger one makes XREAD fail mid-stream."""
 """An SSE comment line at least this often keeps proxies from closing an idle event stream."""
 _EVENT_BLOCK_MS = int(POLL_S * 1000)  # one XREAD BLOCK; between two looks at the client's connection
-_ERROR_CODES = {"extra_forbidden": "unsupported_parameter", "unsupported_size": "unsupported_size",
-                "unsupported_duration": "unsupported_duration"}
-_OWN_MESSAGES = ("unsupported_size", "unsupported_duration", "empty_prompt", "prompt_too_long", "invalid_text",
-                 "bool_refused")
-"""Validation errors whose message already names the field."""
-
-
 def _validated(body: dict) -> CreateJob:
     """The create body as CreateJob. 400 naming the first bad field (unsupported_parameter for unknown ones)."""
-    try:
-        return CreateJob.model_validate(body, context={"max_prompt_chars": current_app.config["MAX_PROMPT_CHARS"],
-                                                       "canvas": current_app.config.get("CANVAS")})
-    except ValidationError as exc:
-        kind, where, message = first_error(exc)
-        if kind == "extra_forbidden":
-            message = f"{where}: unknown field (accepted: prompt, seconds, width, height, seed, release, webhook_url)"
-        elif kind not in _OWN_MESSAGES:
-            message = f"{where}: {message}"
-        raise ApiError(400, _ERROR_CODES.get(kind, "invalid_request"), message) from None
+    return job_service.validate_create(body, max_prompt_chars=current_app.config["MAX_PROMPT_CHARS"],
+                                       canvas=current_app.config.get("CANVAS"))
 
 
 def _requested_wait() -> float:

@@ -29,8 +29,8 @@ from h3batch.core import keys
 
 log = logging.getLogger("h3batch.api")
 
-CREATE_PATHS = frozenset({"/jobs", "/v1/videos", "/v1/videos/sync"})
-"""POSTs to these paths spend the `creates` bucket; everything else spends `reads`."""
+CREATE_PATHS = frozenset({"/jobs", "/v1/videos", "/v1/videos/sync", "/batches"})
+"""POSTs to these paths spend the `creates` bucket (a batch spends one token); everything else spends `reads`."""
 
 _EXTENSION_KEY = "h3batch.rate_limits"
 

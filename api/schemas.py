@@ -153,6 +153,8 @@ class ErrorDetail(BaseModel):
     message: str
     retryable: bool
     request_id: str | None = None
+    details: list[dict[str, Any]] | None = Field(None, description="POST /batches: one entry per refused line, "
+                                                                   "{line, field, message}.")
 
 
 class ErrorBody(BaseModel):

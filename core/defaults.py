@@ -82,3 +82,11 @@ PROGRESS_AT_STAGE = {"queued": 0.0, "text_encode": 0.02, "denoise": 0.05, "decod
 """Progress (0..1) when a stage starts; denoise steps fill 0.05..0.85 evenly, `completed` is exactly 1.0."""
 DENOISE_SPAN = 0.80
 """Share of progress the 8 denoise steps cover."""
+
+MAX_BATCH = 1000
+"""Most job requests one POST /batches may carry (H3BATCH_MAX_BATCH)."""
+MAX_BATCH_BODY_BYTES = 16 * 1024 * 1024
+"""Largest POST /batches body (JSON or the JSONL upload): 1000 requests of 4000-character prompts fit, with room."""
+BATCH_METADATA_KEYS = 16
+"""Most keys a batch's `metadata` object may carry (string values up to BATCH_METADATA_VALUE_CHARS)."""
+BATCH_METADATA_VALUE_CHARS = 512

@@ -112,6 +112,11 @@ def _encode(fields: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def decode_record(raw: dict[str, str]) -> dict[str, Any]:
+    """A record from the hash's raw strings (for callers that read many records in one pipeline)."""
+    return _decode(raw)
+
+
 def _decode(raw: dict[str, str]) -> dict[str, Any]:
     job: dict[str, Any] = {}
     for name, text in raw.items():

@@ -21,6 +21,13 @@
 | `h3b:stats` | hash | counters: `model_loads` (one per Pipeline.load), `lease_contention` |
 | `h3b:runs:{id}` | hash | per-job execution counters (`started`, `rendered`, `requeues`, `requeued_at`, `resent`); TTL like the record |
 | `h3b:rate:{owner}:{bucket}` | hash | token bucket of one API key (`tokens`, `ts_ms`) |
+| `h3b:batch:{id}` | hash | a batch: owner, created/finished times, metadata, skipped lines, webhook (core/batches.py) |
+| `h3b:batch:{id}:items` | list | JSON `[job id, input index, custom_id]` per item, in input order |
+| `h3b:batch:{id}:pending` | zset | items not yet released to the render queue, score = item index |
+| `h3b:batch:{id}:crc` | hash | job id → CRC-32 of its MP4, computed once for the archive |
+| `h3b:batches:active` | list | batches with pending items; the feeder takes one item per batch in turn |
+| `h3b:batches:open` | zset | unfinished batches (score = creation time); the reaper pass checks them for completion |
+| `h3b:owner:{owner}:batches` | zset | one key's batch ids, score = creation sequence; GET /batches pages over it |
 
 Celery's own keys (`render` list, `_kombu.*`, `unacked*`) live beside these in the same DB; the load runner's Celery
 app prefixes all of its own with `h3batch-lr:` (loadrunner/celery_app.py), so the two apps never share `unacked`.
@@ -42,6 +49,8 @@ Written by core/jobs.py::transition in the MULTI that finishes a job; read by wo
 
 
 EXPIRY = f"{PREFIX}:expiry"
+BATCHES_ACTIVE = f"{PREFIX}:batches:active"
+BATCHES_OPEN = f"{PREFIX}:batches:open"
 
 
 def owner_jobs(owner: str) -> str:
@@ -82,3 +91,23 @@ def runs(job_id: str) -> str:
 
 def rate_bucket(owner: str, bucket: str) -> str:
     return f"{PREFIX}:rate:{owner or '-'}:{bucket}"  # hash: one key's token bucket
+
+
+def batch(batch_id: str) -> str:
+    return f"{PREFIX}:batch:{batch_id}"  # hash: the batch record
+
+
+def batch_items(batch_id: str) -> str:
+    return f"{PREFIX}:batch:{batch_id}:items"  # list: JSON [job id, input index, custom_id] per item
+
+
+def batch_pending(batch_id: str) -> str:
+    return f"{PREFIX}:batch:{batch_id}:pending"  # zset: items not yet released to the render queue
+
+
+def batch_crc(batch_id: str) -> str:
+    return f"{PREFIX}:batch:{batch_id}:crc"  # hash: job id -> CRC-32 of its MP4
+
+
+def owner_batches(owner: str) -> str:
+    return f"{PREFIX}:owner:{owner or '-'}:batches"  # zset: one owner's batch ids by creation sequence

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import redis
 
-from h3batch.core import defaults, jobs, keys
+from h3batch.core import batches, defaults, jobs, keys
 from h3batch.settings import Settings
 from h3batch.worker import reaper
 
@@ -93,6 +93,7 @@ class Heartbeat(threading.Thread):
                              record_ttl_s=self.settings.result_ttl_s + defaults.RECORD_GRACE_S)
         reaper.collect_garbage(self.r, self.settings.artifacts_dir,
                                orphan_age_s=self.settings.result_ttl_s + defaults.RECORD_GRACE_S)
+        batches.check_open(self.r, record_ttl_s=self.settings.result_ttl_s + defaults.RECORD_GRACE_S)
         if report.requeued:
             log.warning("re-enqueuing job whose worker lost its lease", extra={"job_id": ",".join(report.requeued)})
         return report.requeued + report.resent
@@ -101,6 +102,10 @@ class Heartbeat(threading.Thread):
         last_reap = 0.0
         while not self._stop_event.wait(self.settings.heartbeat_interval_s):
             self.beat()
+            try:  # held batch items into idle capacity (core/batches.py): catches any missed top-up
+                batches.feed(self.r, self.resend)
+            except redis.exceptions.RedisError as exc:
+                log.warning("batch feed failed error=%s", type(exc).__name__)
             if time.monotonic() - last_reap >= self.settings.reconcile_interval_s:
                 last_reap = time.monotonic()
                 try:

@@ -4,14 +4,18 @@ The steps live in worker/attempt.py, the state kept between jobs (pipeline, hear
 """
 from __future__ import annotations
 
+import logging
+
 import redis
 from celery import shared_task
 
-from h3batch.core import defaults, lease
+from h3batch.core import batches, defaults, lease
 from h3batch.core.exceptions import JobError
 from h3batch.settings import Settings
 from h3batch.worker.attempt import Attempt
 from h3batch.worker.resident import Resident, load_resident
+
+log = logging.getLogger("h3batch.worker")
 
 
 @shared_task(name=defaults.RENDER_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -43,3 +47,14 @@ def run_job(res: Resident, job_id: str) -> None:
         attempt.finish_crashed(exc)
     finally:
         attempt.release()
+        _top_up(res, job_id)
+
+
+def _top_up(res: Resident, job_id: str) -> None:
+    """This worker is free again: release the next held batch item into the render queue (core/batches.py), and
+    finish the job's batch if this was its last item."""
+    try:
+        batches.after_job(res.r, job_id, res.heartbeat.resend,
+                          record_ttl_s=res.settings.result_ttl_s + defaults.RECORD_GRACE_S)
+    except redis.exceptions.RedisError as exc:  # the heartbeat's next feed and the reaper pass catch up
+        log.warning("batch feed after job failed error=%s", type(exc).__name__, extra={"job_id": job_id})

@@ -31,7 +31,7 @@ from typing import Any
 
 import redis
 
-from h3batch.core import keys
+from h3batch.core import batches, keys
 from h3batch.core.jobs import load_job
 from h3batch.core.webhook_urls import Target, WebhookRefused, WebhookSettings, check_url
 
@@ -68,14 +68,17 @@ def message_id(job_id: str, event: str) -> str:
 
 def event_type(record: Mapping[str, Any], event: str) -> str:
     """`video.completed` / `video.failed` for jobs created through /v1/videos (OpenAI's event names; cancelled
-    reads as failed there), `job.<event>` otherwise."""
+    reads as failed there), `job.<event>` otherwise; a batch's event (`batch.completed`) as it is."""
+    if record.get("object") == "batch":
+        return event
     if record.get("api") == "openai":
         return "video.completed" if event == "completed" else "video.failed"
     return f"job.{event}"
 
 
 def payload(record: Mapping[str, Any], event: str, now: float) -> dict[str, Any]:
-    data = {name: record.get(name) for name in _PUBLIC_FIELDS if name in record}
+    fields = batches.WEBHOOK_FIELDS if record.get("object") == "batch" else _PUBLIC_FIELDS
+    data = {name: record.get(name) for name in fields if name in record}
     return {"id": message_id(record["id"], event), "type": event_type(record, event), "timestamp": int(now),
             "data": data}
 
@@ -95,8 +98,14 @@ def deliveries(record: Mapping[str, Any]) -> list[dict[str, Any]]:
     return json.loads(raw) if isinstance(raw, str) else list(raw)
 
 
-def _append_delivery(r: redis.Redis, job_id: str, entry: dict[str, Any]) -> None:
-    key = keys.job(job_id)
+def _subject(r: redis.Redis, subject_id: str) -> tuple[dict[str, Any] | None, str]:
+    """(record, Redis hash) of what a due entry names: a batch (`batch_…`, core/batches.webhook_view) or a job."""
+    if subject_id.startswith("batch_"):
+        return batches.webhook_view(r, subject_id), keys.batch(subject_id)
+    return load_job(r, subject_id), keys.job(subject_id)
+
+
+def _append_delivery(r: redis.Redis, key: str, entry: dict[str, Any]) -> None:
     with r.pipeline(transaction=True) as pipe:
         while True:
             try:
@@ -143,7 +152,7 @@ def deliver_one(r: redis.Redis, settings: WebhookSettings, job_id: str, event: s
     """Make one attempt for (job, event); returns True delivered, False failed (maybe re-scheduled), None nothing
     to send (job gone, no URL, no secret)."""
     member = f"{job_id}:{event}"
-    record = load_job(r, job_id)
+    record, record_key = _subject(r, job_id)
     if record is None or not record.get("webhook_url") or not settings.enabled:
         r.zrem(DUE_KEY, member)
         if record is not None and record.get("webhook_url"):
@@ -173,7 +182,7 @@ def deliver_one(r: redis.Redis, settings: WebhookSettings, job_id: str, event: s
     entry["duration_ms"] = round((time.perf_counter() - started) * 1000, 1)
     if not ok and attempt < settings.max_attempts:
         entry["next_attempt_at"] = round(now + settings.backoff_s(attempt), 3)
-    _append_delivery(r, job_id, entry)
+    _append_delivery(r, record_key, entry)
     if ok or attempt >= settings.max_attempts:
         r.zrem(DUE_KEY, member)
     else:
