@@ -14,13 +14,15 @@ item) download is continued with a Range request.
 
 Downloads: by default the batch's zip (`GET /batches/{id}/archive`) into `.batch_<id>.zip.partial`, unzipped
 member by member into the out-dir (names checked against path traversal), then removed; `--no-archive` fetches each
-completed item's `content_url` from `GET /batches/{id}/results` as it finishes and writes `manifest.jsonl` from the
-results lines.
+completed item's `content_url` from `GET /batches/{id}/results` as it finishes (named as in the archive:
+`<custom_id>.mp4`, else the zero-padded index, `0002.mp4`) and writes `manifest.jsonl` from the results lines plus
+each item's `file`.
 
 Exit codes: 0 every item completed and its MP4 is in the out-dir; 1 the batch finished with at least one item
 failed or cancelled (or the batch was cancelled): the completed items are still saved, and each other item is one
 line on stderr (`item INDEX [custom_id]: STATUS (code: message)`); 2 a bad file or argument, a request the API
-refused, an unreachable API, or an out-dir that belongs to another batch; 130 interrupted (Ctrl-C or SIGTERM):
+refused (a 422 invalid_batch: one line per refused line, with the file's line numbers, then the server's summary),
+an unreachable API, or an out-dir that belongs to another batch; 130 interrupted (Ctrl-C or SIGTERM):
 the batch keeps running on the server and the same command resumes it.
 """
 from __future__ import annotations
@@ -162,12 +164,22 @@ def have_file(out_dir: Path, state: dict, name: str) -> bool:
 
 # --- naming and unzipping ---------------------------------------------------------------------------------------------
 
-def item_name(result: dict) -> str:
-    """The file name of an item: `<custom_id>.mp4`, else its input index (`<index>.mp4`), as in the archive."""
-    custom_id = result.get("custom_id")
-    if custom_id and custom_id_problem(custom_id) is None:
-        return f"{custom_id}.mp4"
-    return f"{int(result['index'])}.mp4"
+def item_names(results: list[dict]) -> dict[int, str]:
+    """File name per item index, as the archive names its members: `<custom_id>.mp4`, else the input index
+    zero-padded to at least 4 digits (`0002.mp4`); a name already taken gets `-<index>` added."""
+    width = max(4, len(str(max((int(r["index"]) for r in results), default=0))))
+    names: dict[int, str] = {}
+    taken: set[str] = set()
+    for result in results:
+        index = int(result["index"])
+        custom_id = result.get("custom_id")
+        stem = custom_id if custom_id and custom_id_problem(custom_id) is None else str(index).zfill(width)
+        name = f"{stem}.mp4"
+        if name in taken:
+            name = f"{stem}-{index}.mp4"
+        taken.add(name)
+        names[index] = name
+    return names
 
 
 def safe_member(name: str) -> bool:
@@ -225,7 +237,7 @@ class BatchBar:
             from tqdm import tqdm  # noqa: PLC0415
 
             self.bar = tqdm(total=0, desc=batch_id[:22], unit="item", file=sys.stderr,
-                            bar_format="{desc} {bar} {n_fmt}/{total_fmt} items {postfix}")
+                            bar_format="{desc} {bar} {n_fmt}/{total_fmt} items{postfix}")  # postfix: ", ..."
 
     def show(self, batch: dict) -> None:
         if self.bar is None:
@@ -319,10 +331,11 @@ class ItemDownloader:
             return
         self.seen_done = done
         self.results = self.client.batch_results(batch)
+        names = item_names(self.results)
         for result in self.results:
             if result.get("status") != "completed" or not result.get("content_url"):
                 continue
-            name = item_name(result)
+            name = names[int(result["index"])]
             if have_file(self.out_dir, self.state, name):
                 continue
             self.bar.note(f"downloading {name}")
@@ -363,10 +376,11 @@ def download_archive(client: Client, batch: dict, results: list[dict], out_dir: 
 def write_manifest(out_dir: Path, results: list[dict], state: dict) -> None:
     """--no-archive: manifest.jsonl from the results lines, each with the file it was saved as."""
     lines = []
+    names = item_names(results)
     for result in results:
         line = dict(result)
         if result.get("status") == "completed":
-            line["file"] = item_name(result)
+            line["file"] = names[int(result["index"])]
         lines.append(json.dumps(line, sort_keys=True))
     (out_dir / "manifest.jsonl").write_text("\n".join(lines) + "\n")
 
@@ -415,6 +429,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         except BatchRefused as exc:
             for line in exc.lines:
                 print(f"{PROG}: {_file_line(line, args.file, line_numbers)}", file=sys.stderr)
+            print(f"{PROG}: {exc}", file=sys.stderr)
             return 2
         if reattached:
             print(f"{PROG}: resuming batch {batch['id']} ({batch.get('status')})", file=sys.stderr)

@@ -1,6 +1,7 @@
-"""`h3batch submit --file` against the live stack (API under gunicorn, the real worker on the tiny release): a batch
-run to completion with every MP4 decoded, the progress bar, re-running as a no-op, resuming after SIGTERM (same
-batch, no second one), a continued partial archive, item-by-item downloads, failed items and the exit codes."""
+"""`h3batch submit --file` against the live stack (API under gunicorn, the real worker on the tiny release): one
+4-item batch interrupted with SIGTERM, resumed to completion (same batch, no second one) with every MP4 decoded,
+re-run as a no-op, re-found by its Idempotency-Key, its archive continued from a partial file, and fetched item by
+item; a failed item and its exit code; a bad file and a refused batch that queue nothing. Five renders in all."""
 from __future__ import annotations
 
 import json
@@ -18,12 +19,13 @@ from tests.api.conftest import KEY_A, KEY_B, auth
 from tests.service_stack import REPO
 
 CLI = [sys.executable, "-m", "h3batch.cli", "submit"]
-CANVAS = {"width": 256, "height": 128, "seconds": 4}
-NAMES = ["rain", "gong", "2", "surf"]
+CANVAS = {"width": 128, "height": 64, "seconds": 4}
+"""The smallest canvas the tiny release takes (aspect 2:1, multiples of 32): the renders stay short."""
+NAMES = ["rain", "gong", "0002", "surf"]
 """The files of the 4-item batch: custom_id, or the input index for the line without one."""
 
 
-def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(CLI + list(args), cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
@@ -59,86 +61,38 @@ def state_of(out_dir) -> dict:
 
 
 def assert_clips(out_dir, names: list[str]) -> None:
-    """Each named MP4 is in out_dir and decodes with PyAV at the tiny canvas (4 s: 107 frames)."""
+    """Each named MP4 is in out_dir and decodes with PyAV at the test canvas (4 s: 107 frames)."""
     for name in names:
         info = probe_mp4(out_dir / f"{name}.mp4")
-        assert (info["width"], info["height"], info["frames"]) == (256, 128, 107), name
+        assert (info["width"], info["height"], info["frames"]) == (128, 64, 107), name
         assert info["audio_samples"] > 0 and info["channels"] == 2, name
     assert not list(out_dir.glob(".*.partial")), list(out_dir.iterdir())
 
 
-def test_batch_to_completion_then_rerun_is_a_no_op(stack, tmp_path):
-    """4 items rendered, the archive unzipped into --out-dir (every MP4 decoded, manifest.jsonl beside them), one bar
-    counting items; running the same command again re-attaches, downloads nothing and creates no batch."""
-    src = four_items(tmp_path / "prompts.jsonl")
-    out = tmp_path / "clips"
-    before = batch_ids(stack.base)
-    args = ["--file", str(src), "--out-dir", str(out), "--poll", "0.3", "--api", stack.base, "--api-key", KEY_A]
-    done = run_cli(*args)
-    assert done.returncode == 0, done.stderr
-    state = state_of(out)
-    batch_id = state["batch_id"]
-    assert done.stdout.strip().startswith(f"{batch_id} completed: 4/4 items completed -> {out} (archive "), done.stdout
-    assert "4/4 items" in done.stderr and "eta " in done.stderr  # the one tqdm bar: items and the server's ETA
-    assert_clips(out, NAMES)
-    manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines() if line.strip()]
-    assert len(manifest) == 4
-    assert set(batch_ids(stack.base)) - set(before) == {batch_id}
-    assert state["api"] == stack.base and set(state["files"]) >= {f"{n}.mp4" for n in NAMES}
-
-    again = run_cli(*args)
-    assert again.returncode == 0, again.stderr
-    assert f"resuming batch {batch_id} (completed)" in again.stderr
-    assert again.stdout.strip().endswith("(all files already here)"), again.stdout
-    assert len(batch_ids(stack.base)) == len(before) + 1
-
-    # A partial archive is continued with a Range request: keep its first half, drop the clips, run again.
-    archive = requests.get(f"{stack.base}/batches/{batch_id}/archive", headers=auth(), timeout=30).content
-    resumed = tmp_path / "resumed"
-    resumed.mkdir()
-    copy = dict(state, files={})
-    copy.pop("archive", None)
-    client_batch.save_state(resumed, copy)
-    (resumed / f".{batch_id}.zip.partial").write_bytes(archive[: len(archive) // 2])
-    third = run_cli(*args[:3], str(resumed), *args[4:])
-    assert third.returncode == 0, third.stderr
-    assert f"resumed at byte {len(archive) // 2})" in third.stdout, third.stdout
-    assert_clips(resumed, NAMES)
-
-    # --no-archive into the first out-dir after losing two clips: only those two are fetched, item by item.
-    (out / "rain.mp4").unlink()
-    (out / "surf.mp4").write_bytes(b"truncated")
-    kept = (out / "gong.mp4").stat().st_mtime_ns
-    fourth = run_cli(*args, "--no-archive")
-    assert fourth.returncode == 0, fourth.stderr
-    assert fourth.stdout.strip().endswith("(4 files)"), fourth.stdout
-    assert_clips(out, NAMES)
-    assert (out / "gong.mp4").stat().st_mtime_ns == kept
-    assert len(batch_ids(stack.base)) == len(before) + 1
-
-
-def test_sigterm_mid_batch_then_rerun_resumes_the_same_batch(stack, tmp_path):
-    """The CLI killed with SIGTERM while items render exits 130 saying how to resume; the same command re-attaches
-    to the same batch (no second batch is created) and ends with every file present."""
+def test_batch_interrupted_resumed_completed_and_rerun(stack, tmp_path):
+    """One 4-item batch through every resume path. SIGTERM mid-run: exit 130 saying how to resume. The same command
+    again: re-attaches to the same batch (no second one), one bar counting items with the server's ETA, the archive
+    unzipped into --out-dir with every MP4 decoded and manifest.jsonl beside them. Again: nothing downloaded. With
+    the state file lost (as if killed between the POST and its write): the Idempotency-Key gets the same batch. A
+    half-downloaded archive is continued with a Range request. --no-archive after losing two clips fetches those two."""
     src = four_items(tmp_path / "prompts.jsonl")
     out = tmp_path / "clips"
     before = set(batch_ids(stack.base))
     args = ["--file", str(src), "--out-dir", str(out), "--poll", "0.2", "--api", stack.base, "--api-key", KEY_A]
     proc = subprocess.Popen(CLI + args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while not (out / client_batch.STATE_NAME).exists():
             assert proc.poll() is None and time.monotonic() < deadline, "the CLI never wrote its state"
             time.sleep(0.05)
         batch_id = state_of(out)["batch_id"]
-        while True:  # mid-run: something rendered or rendering, not all finished
+        while True:  # mid-run: an item rendering or rendered, not all of them
             batch = requests.get(f"{stack.base}/batches/{batch_id}", headers=auth(), timeout=10).json()
-            counts = batch["counts"]
-            if counts["in_progress"] + counts["completed"] >= 1:
+            if batch["counts"]["in_progress"] + batch["counts"]["completed"] >= 1:
                 break
             assert time.monotonic() < deadline, batch
             time.sleep(0.05)
-        assert batch["status"] != "completed", "the batch finished before the CLI could be interrupted"
+        assert batch["counts"]["completed"] < 4, "the batch finished before the CLI could be interrupted"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     finally:
@@ -146,32 +100,56 @@ def test_sigterm_mid_batch_then_rerun_resumes_the_same_batch(stack, tmp_path):
             proc.kill()
     assert proc.returncode == 130, err
     assert f"interrupted (batch {batch_id} keeps running on the server; run the same command again to resume)" in err
-    assert not (out / "rain.mp4").exists() or not (out / "surf.mp4").exists()
 
     done = run_cli(*args)
     assert done.returncode == 0, done.stderr
     assert f"resuming batch {batch_id}" in done.stderr
-    assert state_of(out)["batch_id"] == batch_id
+    assert done.stdout.strip().startswith(f"{batch_id} completed: 4/4 items completed -> {out} (archive "), done.stdout
+    assert "4/4 items" in done.stderr and "eta " in done.stderr  # the one tqdm bar: items and the server's ETA
     assert set(batch_ids(stack.base)) - before == {batch_id}  # no duplicate batch
     assert_clips(out, NAMES)
+    manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines() if line.strip()]
+    assert [(m["index"], m["custom_id"], m["status"]) for m in manifest] == \
+        [(0, "rain", "completed"), (1, "gong", "completed"), (2, None, "completed"), (3, "surf", "completed")]
+    state = state_of(out)
+    assert state["batch_id"] == batch_id and state["api"] == stack.base
+    assert set(state["files"]) >= {f"{n}.mp4" for n in NAMES}
 
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert f"resuming batch {batch_id} (completed)" in again.stderr
+    assert again.stdout.strip().endswith("(all files already here)"), again.stdout
 
-def test_state_lost_after_post_the_idempotency_key_finds_the_batch(stack, tmp_path):
-    """The second guard: with the state file gone (as if killed between the POST and its write), the same command
-    into the same out-dir gets the same batch back from the server's Idempotency-Key."""
-    src = prompts_file(tmp_path / "p.jsonl", [{"custom_id": "one", "prompt": "a bell", "seed": 9, **CANVAS}])
-    out = tmp_path / "clips"
-    args = ["--file", str(src), "--out-dir", str(out), "--poll", "0.3", "--api", stack.base, "--api-key", KEY_A]
-    first = run_cli(*args)
-    assert first.returncode == 0, first.stderr
-    batch_id = state_of(out)["batch_id"]
     (out / client_batch.STATE_NAME).unlink()
-    count = len(batch_ids(stack.base))
-    second = run_cli(*args)
-    assert second.returncode == 0, second.stderr
-    assert state_of(out)["batch_id"] == batch_id and second.stdout.startswith(batch_id)
-    assert len(batch_ids(stack.base)) == count
-    assert_clips(out, ["one"])
+    third = run_cli(*args)
+    assert third.returncode == 0, third.stderr
+    assert "resuming" not in third.stderr and third.stdout.startswith(f"{batch_id} completed"), third.stdout
+    assert state_of(out)["batch_id"] == batch_id
+    assert set(batch_ids(stack.base)) - before == {batch_id}
+
+    # A partial archive is continued with a Range request: keep its first half in a fresh out-dir and run there.
+    archive = requests.get(f"{stack.base}/batches/{batch_id}/archive", headers=auth(), timeout=30).content
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    copy = dict(state, files={})
+    copy.pop("archive", None)
+    client_batch.save_state(resumed, copy)
+    (resumed / f".{batch_id}.zip.partial").write_bytes(archive[: len(archive) // 2])
+    fourth = run_cli(*args[:3], str(resumed), *args[4:])
+    assert fourth.returncode == 0, fourth.stderr
+    assert f"resumed at byte {len(archive) // 2})" in fourth.stdout, fourth.stdout
+    assert_clips(resumed, NAMES)
+
+    # --no-archive into the first out-dir after losing two clips: only those two are fetched, item by item.
+    (out / "rain.mp4").unlink()
+    (out / "surf.mp4").write_bytes(b"truncated")
+    kept = (out / "gong.mp4").stat().st_mtime_ns
+    fifth = run_cli(*args, "--no-archive")
+    assert fifth.returncode == 0, fifth.stderr
+    assert fifth.stdout.strip().endswith("(4 files)"), fifth.stdout
+    assert_clips(out, NAMES)
+    assert (out / "gong.mp4").stat().st_mtime_ns == kept
+    assert set(batch_ids(stack.base)) - before == {batch_id}
 
 
 def test_failed_item_is_one_line_and_exit_1(stack, tmp_path):
@@ -210,9 +188,10 @@ def test_bad_file_and_refused_batch_queue_nothing(stack, tmp_path):
     done = run_cli("--file", str(refused), "--out-dir", str(out), "--api", stack.base, "--api-key", KEY_B)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 2, done.stderr
+    assert len(lines) == 3, done.stderr
     assert lines[0].startswith("h3batch submit: refused.jsonl line 3: width") and \
         lines[1].startswith("h3batch submit: refused.jsonl line 4: seconds"), done.stderr
+    assert lines[2].startswith("h3batch submit: the API refused the batch: invalid_batch: 2 of 3 lines refused")
     assert not (out / client_batch.STATE_NAME).exists()
     assert job_count(stack.base, KEY_B) == jobs_before and len(batch_ids(stack.base, KEY_B)) == batches_before
     shutil.rmtree(out, ignore_errors=True)
