@@ -355,7 +355,7 @@ def download_archive(client: Client, batch: dict, results: list[dict], out_dir: 
         return 0, 0  # an earlier run unzipped this very set of items; every file is still here
     if not done_ids:
         return 0, 0
-    archive = out_dir / f".{batch['id']}.zip"
+    archive = out_dir / f"{batch['id']}.zip"  # accumulates as .batch_<id>.zip.partial; removed once unzipped
     got = [0]
     partial = partial_path(archive)
     base = partial.stat().st_size if partial.exists() else 0

@@ -161,7 +161,7 @@ def test_batch_upload_progress_items_and_archive(stack, browser, tmp_path):
         seen.add(int(d.find_element(By.ID, "batch-progress").get_attribute("value")))
         return d.find_element(By.ID, "batch-status").text in ("completed", "cancelled")
 
-    wait.until(finished)
+    WebDriverWait(browser, 600, poll_frequency=0.05).until(finished)  # two renders on a loaded box: minutes
     assert browser.find_element(By.ID, "batch-status").text == "completed"
     assert browser.find_element(By.ID, "batch-progress").get_attribute("value") == "100"
     assert "2/2 done" in browser.find_element(By.ID, "batch-counts").text
