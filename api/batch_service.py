@@ -1,4 +1,4 @@
-"""What POST /batches and its reads do, without Flask: parse a submission (JSON or JSONL), validate every line with
+"""What POST /batches and its reads do, apart from HTTP: parse a submission (JSON or JSONL), validate every line with
 the job service's own rules, create the batch (core/batches.py) under an Idempotency-Key, and show it: the batch
 object, its results lines and its archive layout (api/zipstream.py).
 
@@ -63,7 +63,8 @@ def _options(metadata: Any, on_invalid: Any, webhook_url: Any) -> tuple[dict[str
     if on_invalid is None:
         on_invalid = "reject"
     if on_invalid not in ON_INVALID:
-        raise ApiError(400, "invalid_request", f"on_invalid: expected 'reject' or 'skip', found {str(on_invalid)[:40]!r}")
+        raise ApiError(400, "invalid_request",
+                       f"on_invalid: expected 'reject' or 'skip', found {str(on_invalid)[:40]!r}")
     if webhook_url is not None and (not isinstance(webhook_url, str) or not 0 < len(webhook_url) <= 2048):
         raise ApiError(400, "invalid_request", "webhook_url: expected a URL of 1..2048 characters")
     return _metadata(metadata), on_invalid, webhook_url

@@ -29,7 +29,8 @@ def _batch_body_limit() -> None:
 
 def _submission() -> batch_service.Submission:
     if request.mimetype == "multipart/form-data":
-        unknown = sorted((set(request.form) - {"metadata", "on_invalid", "webhook_url"}) | (set(request.files) - {"file"}))
+        unknown = sorted((set(request.form) - {"metadata", "on_invalid", "webhook_url"})
+                         | (set(request.files) - {"file"}))
         if unknown:
             raise ApiError(400, "unsupported_parameter", f"{unknown[0][:64]}: unknown form field (accepted: file, "
                                                          f"metadata, on_invalid, webhook_url)")

@@ -178,6 +178,87 @@ def _openai_paths() -> dict[str, Any]:
     }
 
 
+def _batch_paths() -> dict[str, Any]:
+    """/batches (api/batches.py); the batch object and results line are inlined."""
+    batch_id = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    counts = {"type": "object", "properties": {k: {"type": "integer", "minimum": 0} for k in
+                                               ("total", "queued", "in_progress", "completed", "failed", "cancelled")}}
+    line_error = {"type": "object", "properties": {"line": {"type": "integer"}, "field": {"type": "string"},
+                                                   "message": {"type": "string"}}}
+    batch = {"type": "object", "required": ["id", "object", "status", "counts", "progress"], "properties": {
+        "id": {"type": "string"}, "object": {"const": "batch"},
+        "status": {"enum": ["queued", "in_progress", "completed", "cancelled"]}, "counts": counts,
+        "progress": {"type": "number", "minimum": 0, "maximum": 1},
+        "eta_s": {"type": ["number", "null"], "description": "From this batch's measured job times; null until one "
+                                                              "item has completed"},
+        "created_at": {"type": "number"}, "finished_at": {"type": ["number", "null"]},
+        "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+        "skipped": {"type": "array", "items": line_error}, "webhook_url": {"type": ["string", "null"]},
+        "results_url": {"type": "string"}, "archive_url": {"type": "string"}}}
+    batch_json = {"description": "The batch", "content": {"application/json": {"schema": batch}}}
+    create_json = {"type": "object", "required": ["requests"], "properties": {
+        "requests": {"type": "array", "minItems": 1, "maxItems": defaults.MAX_BATCH,
+                     "items": {"type": "object", "description": "A POST /jobs body, plus an optional custom_id "
+                                                                "(1..64 of A-Z a-z 0-9 . _ -), unique in the batch"}},
+        "metadata": {"type": "object", "maxProperties": defaults.BATCH_METADATA_KEYS,
+                     "additionalProperties": {"type": "string", "maxLength": defaults.BATCH_METADATA_VALUE_CHARS}},
+        "on_invalid": {"enum": ["reject", "skip"]}, "webhook_url": {"type": "string"}}}
+    create_form = {"type": "object", "required": ["file"], "properties": {
+        "file": {"type": "string", "format": "binary", "description": "JSONL: one job request per line"},
+        "metadata": {"type": "string", "description": "a JSON object"}, "on_invalid": {"enum": ["reject", "skip"]},
+        "webhook_url": {"type": "string"}}}
+    list_json = {"description": "{object: list, data: [batch], first_id, last_id, has_more}",
+                 "content": {"application/json": {"schema": {"type": "object"}}}}
+    return {
+        "/batches": {
+            "post": {"operationId": "createBatch", "summary": "Queue many job requests as one batch",
+                     "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
+                                     "schema": {"type": "string", "minLength": 1, "maxLength": 255}}],
+                     "requestBody": {"required": True, "content": {"application/json": {"schema": create_json},
+                                                                   "multipart/form-data": {"schema": create_form}}},
+                     "responses": {"202": {**batch_json, "description": "Queued (Location: /batches/{id})"},
+                                   **_errors(400, 401, 404, 409, 413, 422, 503)}},
+            "get": {"operationId": "listBatches", "summary": "List batches, newest first",
+                    "parameters": [
+                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+                        {"name": "after", "in": "query", "schema": {"type": "string", "minLength": 1}}],
+                    "responses": {"200": list_json, **_errors(400, 401, 503)}},
+        },
+        "/batches/{batch_id}": {
+            "get": {"operationId": "getBatch", "summary": "One batch: counts, progress, ETA", "parameters": [batch_id],
+                    "responses": {"200": batch_json, **_errors(401, 404, 503)}},
+            "delete": {"operationId": "deleteBatch", "summary": "Remove the batch, its jobs and files",
+                       "parameters": [batch_id],
+                       "responses": {"200": {"description": "{id, object: batch.deleted, deleted: true}",
+                                             "content": {"application/json": {"schema": {"type": "object"}}}},
+                                     **_errors(401, 404, 503)}},
+        },
+        "/batches/{batch_id}/cancel": {
+            "post": {"operationId": "cancelBatch", "summary": "Cancel every item not finished",
+                     "parameters": [batch_id], "responses": {"200": batch_json, **_errors(401, 404, 409, 503)}},
+        },
+        "/batches/{batch_id}/results": {
+            "get": {"operationId": "getBatchResults", "summary": "One JSON line per item, in input order",
+                    "parameters": [batch_id],
+                    "responses": {"200": {"description": "{index, custom_id, job_id, status, error, content_url} "
+                                                         "per line",
+                                          "content": {"application/x-ndjson": {"schema": {"type": "string"}}}},
+                                  **_errors(401, 404, 503)}},
+        },
+        "/batches/{batch_id}/archive": {
+            "get": {"operationId": "getBatchArchive", "summary": "Zip of the finished MP4s plus manifest.jsonl "
+                                                                "(Range, If-Range, ETag)",
+                    "parameters": [batch_id],
+                    "responses": {"200": {"description": "Whole archive", "content": {"application/zip": {
+                                      "schema": {"type": "string", "format": "binary"}}}},
+                                  "206": {"description": "Byte range", "content": {"application/zip": {
+                                      "schema": {"type": "string", "format": "binary"}}}},
+                                  "304": {"description": "Not modified (If-None-Match)"},
+                                  **_errors(401, 404, 409, 416, 503)}},
+        },
+    }
+
+
 def build_document() -> dict[str, Any]:
     models = [(schemas.CreateJob, "validation"), (schemas.Job, "serialization"), (schemas.JobList, "serialization"),
               (schemas.ErrorBody, "serialization")]
@@ -185,6 +266,7 @@ def build_document() -> dict[str, Any]:
     from h3batch.api import sweeps  # noqa: PLC0415
 
     paths = _paths()
+    paths.update(_batch_paths())
     paths.update(getattr(sweeps, "OPENAPI_PATHS", {}))  # optional: the sweeps room documents its own routes
     paths.update(_openai_paths())
     doc: dict[str, Any] = {

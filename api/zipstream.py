@@ -54,7 +54,8 @@ def file_crc32(stream: BinaryIO) -> int:
 def dos_stamp(unix_time: float) -> tuple[int, int]:
     """(time, date) in MS-DOS form, from the UTC clock (so the layout does not depend on the server's zone)."""
     t = time.gmtime(max(unix_time, 315532800))  # 1980-01-01: the earliest a DOS date can say
-    return (t.tm_hour << 11) | (t.tm_min << 5) | (t.tm_sec // 2), ((t.tm_year - 1980) << 9) | (t.tm_mon << 5) | t.tm_mday
+    dos_time = (t.tm_hour << 11) | (t.tm_min << 5) | (t.tm_sec // 2)
+    return dos_time, ((t.tm_year - 1980) << 9) | (t.tm_mon << 5) | t.tm_mday
 
 
 class ZipLayout:

@@ -152,6 +152,14 @@ def item_records(r: redis.Redis, job_ids: list[str]) -> list[dict[str, Any] | No
     return [store.decode_record(raw) if raw else None for raw in raws]
 
 
+def item_statuses(r: redis.Redis, job_ids: list[str]) -> list[str]:
+    """Each item's status (`deleted` when its record is gone), reading only that field: the completion checks."""
+    with r.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.hget(keys.job(job_id), "status")
+        return [status or "deleted" for status in pipe.execute()]
+
+
 def item_status(record: dict[str, Any] | None) -> str:
     """An item's status as a batch reports it: the job's, or `deleted` when its record is gone."""
     return "deleted" if record is None else record["status"]
@@ -260,8 +268,8 @@ def check_finished(r: redis.Redis, batch_id: str, *, record_ttl_s: int, now: flo
     batch = load_batch(r, batch_id)
     if batch is None or batch["finished_at"] is not None:
         return False
-    records = item_records(r, [job_id for job_id, _, _ in items(r, batch_id)])
-    if any(item_status(rec) in (JobStatus.QUEUED.value, JobStatus.IN_PROGRESS.value) for rec in records):
+    statuses = item_statuses(r, [job_id for job_id, _, _ in items(r, batch_id)])
+    if any(status in (JobStatus.QUEUED.value, JobStatus.IN_PROGRESS.value) for status in statuses):
         return False
     now = time.time() if now is None else now
     if not r.hsetnx(keys.batch(batch_id), "finished_at", repr(now)):
