@@ -38,7 +38,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from h3batch.api.client_http import BatchRefused, Client, CliError, NotFound, partial_path
+from h3batch.api.client_http import BatchRefused, Client, CliError, NotFound, detail_text, partial_path
 
 PROG = "h3batch submit"
 STATE_NAME = ".h3batch-batch.json"
@@ -484,6 +484,6 @@ def _file_line(detail_line: str, path: Path, line_numbers: list[int]) -> str:
 def _skipped_text(skipped: Any, path: Path, line_numbers: list[int]) -> str:
     if isinstance(skipped, dict):
         line = skipped.get("line")
-        text = f"line {line}: {skipped.get('field') or '-'}: {skipped.get('message')}"
+        text = f"line {line}: {detail_text(skipped)}"
         return _file_line(text, path, line_numbers)
     return str(skipped)

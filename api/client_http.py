@@ -33,6 +33,12 @@ class NotFound(CliError):
     """404 from the API (a batch that was deleted or expired)."""
 
 
+def detail_text(detail: dict) -> str:
+    """`field: message` of one refused line (the server's message often starts with the field already)."""
+    field, message = str(detail.get("field") or "body"), str(detail.get("message"))
+    return message if message.startswith(field + ":") else f"{field}: {message}"
+
+
 def partial_path(out: Path) -> Path:
     """Where a download of `out` accumulates until it is complete."""
     return out.with_name(f".{out.name}.partial")
@@ -133,8 +139,7 @@ class Client:
             except (ValueError, KeyError, TypeError):
                 error = None
             if isinstance(error, dict) and isinstance(error.get("details"), list) and error["details"]:
-                lines = [f"line {d.get('line', '?')}: {d.get('field') or '-'}: {d.get('message')}"
-                         for d in error["details"] if isinstance(d, dict)]
+                lines = [f"line {d.get('line', '?')}: {detail_text(d)}" for d in error["details"] if isinstance(d, dict)]
                 raise BatchRefused(f"the API refused the batch: {error.get('code')}: {error.get('message')}",
                                    lines)
         raise self._refused(response)

@@ -266,6 +266,12 @@ const H3 = (() => {
     return s >= 60 ? Math.floor(s / 60) + "m" + String(s % 60).padStart(2, "0") + "s" : s + "s";
   }
 
+  // "line 3: width: expected …" (the server's message often starts with the field already).
+  function detailLine(d, prefix) {
+    const field = d.field || "body", message = String(d.message);
+    return (prefix || "") + "line " + d.line + ": " + (message.startsWith(field + ":") ? message : field + ": " + message);
+  }
+
   function showBatchErrors(lines) {
     const list = $("batch-errors");
     list.replaceChildren(...lines.map((text) => { const li = document.createElement("li"); li.textContent = text;
@@ -289,13 +295,12 @@ const H3 = (() => {
         let body = null;
         try { body = await response.clone().json(); } catch (e) { /* not JSON */ }
         const details = body && body.error && Array.isArray(body.error.details) ? body.error.details : [];
-        showBatchErrors(details.map((d) => "line " + d.line + ": " + (d.field || "-") + ": " + d.message));
+        showBatchErrors(details.map((d) => detailLine(d)));
         say(await errorText(response), true);
         return;
       }
       const batch = await json(response);
-      showBatchErrors((batch.skipped || []).map((d) => "skipped line " + d.line + ": " + (d.field || "-") + ": " +
-                                                        d.message));
+      showBatchErrors((batch.skipped || []).map((d) => detailLine(d, "skipped ")));
       location.hash = batch.id;
       watchBatch(batch);
       loadBatches();

@@ -149,3 +149,13 @@ def test_failure_lines_and_server_line_numbers(tmp_path):
     assert client_batch.item_names([{"index": 0, "custom_id": "rain"}, {"index": 1, "custom_id": None},
                                     {"index": 2, "custom_id": "0001"}]) == \
         {0: "rain.mp4", 1: "0001.mp4", 2: "0001-2.mp4"}
+
+
+def test_refused_line_text_names_the_field_once():
+    from h3batch.api.client_http import detail_text
+
+    assert detail_text({"line": 3, "field": "width", "message": "width: expected a multiple of 32"}) == \
+        "width: expected a multiple of 32"
+    assert detail_text({"line": 3, "field": "seconds", "message": "at most 15"}) == "seconds: at most 15"
+    assert detail_text({"line": 3, "field": None, "message": "expected a JSON object"}) == \
+        "body: expected a JSON object"
