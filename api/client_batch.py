@@ -373,7 +373,7 @@ def download_archive(client: Client, batch: dict, results: list[dict], out_dir: 
     return size, resumed_from
 
 
-def write_manifest(out_dir: Path, results: list[dict], state: dict) -> None:
+def write_manifest(out_dir: Path, results: list[dict]) -> None:
     """--no-archive: manifest.jsonl from the results lines, each with the file it was saved as."""
     lines = []
     names = item_names(results)
@@ -440,13 +440,17 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         batch = follow(client, batch, bar, args.poll, args.timeout, downloader)
         if downloader is not None:
             results = downloader.results
-            write_manifest(out_dir, results, state)
+            write_manifest(out_dir, results)
             note = f"{sum(1 for r in results if r.get('status') == 'completed')} files"
         else:
             results = client.batch_results(batch)
             size, resumed_from = download_archive(client, batch, results, out_dir, state, bar)
-            note = f"archive {size} bytes" + (f", resumed at byte {resumed_from}" if resumed_from else "") \
-                if size else "all files already here"
+            if size:
+                note = f"archive {size} bytes" + (f", resumed at byte {resumed_from}" if resumed_from else "")
+            elif any(r.get("status") == "completed" for r in results):
+                note = "all files already here"
+            else:
+                note = "nothing to download"
         bar.close()
         failures = failure_lines(results)
         for line in failures:
