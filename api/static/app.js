@@ -258,7 +258,7 @@ const H3 = (() => {
   // --- batches: a JSONL upload, polled progress, per-item status, the archive link -------------------------------
 
   const BATCH_TERMINAL = new Set(["completed", "cancelled", "failed", "expired"]);
-  let watching = null;  // the batch id being polled; a new watch() supersedes the old loop
+  let watchToken = 0;  // each watchBatch() call takes a new token; an older polling loop sees it and stops
 
   function fmtEta(s) {
     if (s == null || s < 0) return "?";
@@ -301,7 +301,7 @@ const H3 = (() => {
       }
       const batch = await json(response);
       showBatchErrors((batch.skipped || []).map((d) => detailLine(d, "skipped ")));
-      location.hash = batch.id;
+      history.replaceState(null, "", "#" + batch.id);  // a reload resumes; replaceState fires no hashchange
       watchBatch(batch);
       loadBatches();
     } catch (e) {
@@ -382,12 +382,12 @@ const H3 = (() => {
   }
 
   async function watchBatch(batch) {
-    watching = batch.id;
+    const token = ++watchToken;
     $("batch-archive").hidden = true;
     $("batch-items").replaceChildren();
     let lastCounts = null;
     for (;;) {
-      if (watching !== batch.id) return;  // another batch was chosen
+      if (token !== watchToken) return;  // another batch was chosen
       showBatch(batch);
       const c = batch.counts || {};
       const counts = JSON.stringify(c);
