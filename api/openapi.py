@@ -207,6 +207,9 @@ def _batch_paths() -> dict[str, Any]:
         "file": {"type": "string", "format": "binary", "description": "JSONL: one job request per line"},
         "metadata": {"type": "string", "description": "a JSON object"}, "on_invalid": {"enum": ["reject", "skip"]},
         "webhook_url": {"type": "string"}}}
+    batch_links = {name: {"operationId": op, "parameters": {"batch_id": "$response.body#/id"}} for name, op in (
+        ("GetBatch", "getBatch"), ("CancelBatch", "cancelBatch"), ("DeleteBatch", "deleteBatch"),
+        ("GetBatchResults", "getBatchResults"), ("GetBatchArchive", "getBatchArchive"))}
     list_json = {"description": "{object: list, data: [batch], first_id, last_id, has_more}",
                  "content": {"application/json": {"schema": {"type": "object"}}}}
     return {
@@ -216,7 +219,8 @@ def _batch_paths() -> dict[str, Any]:
                                      "schema": {"type": "string", "minLength": 1, "maxLength": 255}}],
                      "requestBody": {"required": True, "content": {"application/json": {"schema": create_json},
                                                                    "multipart/form-data": {"schema": create_form}}},
-                     "responses": {"202": {**batch_json, "description": "Queued (Location: /batches/{id})"},
+                     "responses": {"202": {**batch_json, "description": "Queued (Location: /batches/{id})",
+                                           "links": batch_links},
                                    **_errors(400, 401, 404, 409, 413, 422, 503)}},
             "get": {"operationId": "listBatches", "summary": "List batches, newest first",
                     "parameters": [
@@ -226,16 +230,16 @@ def _batch_paths() -> dict[str, Any]:
         },
         "/batches/{batch_id}": {
             "get": {"operationId": "getBatch", "summary": "One batch: counts, progress, ETA", "parameters": [batch_id],
-                    "responses": {"200": batch_json, **_errors(401, 404, 503)}},
+                    "responses": {"200": batch_json, **_errors(400, 401, 404, 503)}},
             "delete": {"operationId": "deleteBatch", "summary": "Remove the batch, its jobs and files",
                        "parameters": [batch_id],
                        "responses": {"200": {"description": "{id, object: batch.deleted, deleted: true}",
                                              "content": {"application/json": {"schema": {"type": "object"}}}},
-                                     **_errors(401, 404, 503)}},
+                                     **_errors(400, 401, 404, 503)}},
         },
         "/batches/{batch_id}/cancel": {
             "post": {"operationId": "cancelBatch", "summary": "Cancel every item not finished",
-                     "parameters": [batch_id], "responses": {"200": batch_json, **_errors(401, 404, 409, 503)}},
+                     "parameters": [batch_id], "responses": {"200": batch_json, **_errors(400, 401, 404, 409, 503)}},
         },
         "/batches/{batch_id}/results": {
             "get": {"operationId": "getBatchResults", "summary": "One JSON line per item, in input order",
@@ -243,7 +247,7 @@ def _batch_paths() -> dict[str, Any]:
                     "responses": {"200": {"description": "{index, custom_id, job_id, status, error, content_url} "
                                                          "per line",
                                           "content": {"application/x-ndjson": {"schema": {"type": "string"}}}},
-                                  **_errors(401, 404, 503)}},
+                                  **_errors(400, 401, 404, 503)}},
         },
         "/batches/{batch_id}/archive": {
             "get": {"operationId": "getBatchArchive", "summary": "Zip of the finished MP4s plus manifest.jsonl "
@@ -254,7 +258,7 @@ def _batch_paths() -> dict[str, Any]:
                                   "206": {"description": "Byte range", "content": {"application/zip": {
                                       "schema": {"type": "string", "format": "binary"}}}},
                                   "304": {"description": "Not modified (If-None-Match)"},
-                                  **_errors(401, 404, 409, 416, 503)}},
+                                  **_errors(400, 401, 404, 409, 416, 503)}},
         },
     }
 

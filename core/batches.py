@@ -262,6 +262,11 @@ def feed(r: redis.Redis, send: Callable[[str], None], *, capacity: int | None = 
     return list(released)
 
 
+# Stamp finished_at once, and only on a batch that still exists (a concurrent DELETE must not leave a stub hash).
+_STAMP = ("if redis.call('exists', KEYS[1]) == 1 then return redis.call('hsetnx', KEYS[1], 'finished_at', ARGV[1]) "
+          "end return 0")
+
+
 def check_finished(r: redis.Redis, batch_id: str, *, record_ttl_s: int, now: float | None = None) -> bool:
     """Stamp the batch finished once every item is: `finished_at`, its final status, the `batch.completed` webhook
     when it has a webhook_url, and the TTL of its keys. Returns True only for the call that stamped it."""
@@ -272,8 +277,8 @@ def check_finished(r: redis.Redis, batch_id: str, *, record_ttl_s: int, now: flo
     if any(status in (JobStatus.QUEUED.value, JobStatus.IN_PROGRESS.value) for status in statuses):
         return False
     now = time.time() if now is None else now
-    if not r.hsetnx(keys.batch(batch_id), "finished_at", repr(now)):
-        return False  # another process stamped it first
+    if not r.eval(_STAMP, 1, keys.batch(batch_id), repr(now)):
+        return False  # another process stamped it first, or the batch was deleted meanwhile
     status = "cancelled" if batch["cancel_requested"] else "completed"
     with r.pipeline(transaction=True) as pipe:
         pipe.hset(keys.batch(batch_id), "status", status)
@@ -365,6 +370,8 @@ def list_batches(r: redis.Redis, owner: str, *, limit: int, after: str | None = 
 def remember_crc(r: redis.Redis, batch_id: str, job_id: str, crc: int, size: int) -> None:
     """Keep the CRC-32 of an item's MP4 (with the size it was computed over) for later archive requests."""
     ttl = int(r.ttl(keys.batch(batch_id)))
+    if ttl == -2:
+        return  # the batch is gone (deleted while its archive was being served)
     with r.pipeline(transaction=True) as pipe:
         pipe.hset(keys.batch_crc(batch_id), job_id, f"{crc}:{size}")
         if ttl > 0:  # a finished batch's keys expire together
