@@ -18,9 +18,10 @@ completed item's `content_url` from `GET /batches/{id}/results` as it finishes (
 `<custom_id>.mp4`, else the zero-padded index, `0002.mp4`) and writes `manifest.jsonl` from the results lines plus
 each item's `file`.
 
-Exit codes: 0 every item completed and its MP4 is in the out-dir; 1 the batch finished with at least one item
-failed or cancelled (or the batch was cancelled): the completed items are still saved, and each other item is one
-line on stderr (`item INDEX [custom_id]: STATUS (code: message)`); 2 a bad file or argument, a request the API
+Exit codes: 0 every item completed and its MP4 is in the out-dir; 1 the batch finished with at least one item that
+did not (failed, cancelled, or expired / deleted on the server before it was fetched), or the batch was cancelled:
+the completed items are still saved, and each other item is one line on stderr
+(`item INDEX [custom_id]: STATUS (code: message)`); 2 a bad file or argument, a request the API
 refused (a 422 invalid_batch: one line per refused line, with the file's line numbers, then the server's summary),
 an unreachable API, or an out-dir that belongs to another batch; 130 interrupted (Ctrl-C or SIGTERM):
 the batch keeps running on the server and the same command resumes it.
