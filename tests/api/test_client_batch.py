@@ -153,15 +153,19 @@ def test_batch_interrupted_resumed_completed_and_rerun(stack, tmp_path):
 
 
 def test_failed_item_is_one_line_and_exit_1(stack, tmp_path):
-    """An item the worker fails (it asks for a release the worker does not serve) is listed at the end with its
-    error code; the completed item is still saved; exit 1."""
+    """With --on-invalid skip a line the server refuses is reported as skipped (by its file line) and the rest runs;
+    an item the worker fails (it asks for a release the worker does not serve) is listed at the end with its error
+    code; the completed item is still saved; exit 1."""
     src = prompts_file(tmp_path / "p.jsonl", [
         {"custom_id": "fine", "prompt": "a kettle whistling", "seed": 5, **CANVAS},
         {"custom_id": "wrong", "prompt": "a kettle", "release": "someone/else@v9", **CANVAS},
+        {"custom_id": "odd", "prompt": "a kettle", **CANVAS, "width": 100},
     ])
     out = tmp_path / "clips"
-    done = run_cli("--file", str(src), "--out-dir", str(out), "--poll", "0.3", "--api", stack.base, "--api-key", KEY_A)
+    done = run_cli("--file", str(src), "--out-dir", str(out), "--poll", "0.3", "--on-invalid", "skip",
+                   "--api", stack.base, "--api-key", KEY_A)
     assert done.returncode == 1, done.stderr
+    assert "h3batch submit: skipped p.jsonl line 3: width" in done.stderr, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("h3batch submit: item ")]
     assert len(lines) == 1 and lines[0].startswith("h3batch submit: item 1 [wrong]: failed (release_mismatch: "), \
         done.stderr
