@@ -17,7 +17,7 @@ from h3batch.api.errors import ApiError
 
 log = logging.getLogger("h3batch.api")
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/", "/ui/sweeps", "/metrics"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", "/", "/ui/batches", "/ui/sweeps", "/metrics"})
 """Routes answered without a key (the web UI's pages hold no data; their script sends the key; /metrics has its
 own token, api/metrics.py)."""
 OPEN_PREFIXES = ("/static/",)

@@ -1,24 +1,25 @@
 """`h3batch submit PROMPT [--seconds S --width W --height H --seed N] [--wait] [--out clip.mp4] [--api URL
---api-key KEY]`: send one job to a running h3batch API, show its progress, download the MP4.
+--api-key KEY]`: send one job to a running h3batch API, show its progress, download the MP4; or
+`h3batch submit --file prompts.jsonl --out-dir clips/`: send a file of prompts as one batch (api/client_batch.py).
 
 Progress comes from the job's server-sent event stream (`GET /jobs/{id}/events`, read with `requests` streaming;
-the few lines of SSE parsing are written here because the project has no SSE client dependency and the format is
-four line prefixes); if the stream is refused or drops, the client falls back to long-polling `GET /jobs/{id}?wait=`.
-Exit codes: 0 the job completed (and the MP4 was saved when --out was given); 1 the job failed or was cancelled;
-2 bad arguments, a request the API refused, or an API that cannot be reached (one line on stderr).
+the few lines of SSE parsing are in api/client_http.py because the project has no SSE client dependency and the
+format is four line prefixes); if the stream is refused or drops, the client falls back to long-polling
+`GET /jobs/{id}?wait=`.
+Exit codes (one job): 0 the job completed (and the MP4 was saved when --out was given); 1 the job failed or was
+cancelled; 2 bad arguments, a request the API refused, or an API that cannot be reached (one line on stderr).
+The batch mode's exit codes are listed in api/client_batch.py.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import requests
 
+from h3batch.api.client_http import Client, CliError
 from h3batch.cli_args import OneLineArgumentParser
 from h3batch.settings import raw_value
 
@@ -26,104 +27,38 @@ TERMINAL = ("completed", "failed", "cancelled", "expired")
 DEFAULT_API = "http://127.0.0.1:8000"
 
 
-class CliError(Exception):
-    """One line for stderr; exit code 2."""
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = OneLineArgumentParser(prog="h3batch submit", description="Submit a prompt to an h3batch API.")
-    parser.add_argument("prompt", help="what the clip shows and sounds like")
-    parser.add_argument("--seconds", type=float, default=None, help="clip length, 4-15 s (server default 4)")
+    parser = OneLineArgumentParser(prog="h3batch submit", description="Submit a prompt (or a JSONL file of job "
+                                   "requests, as one batch) to an h3batch API.")
+    parser.add_argument("prompt", nargs="?", default=None, help="what the clip shows and sounds like")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="clip length, 4-15 s (server default 4; with --file: for lines without one)")
     parser.add_argument("--width", type=int, default=None, help="canvas width, multiple of 32 (server default)")
     parser.add_argument("--height", type=int, default=None, help="canvas height, multiple of 32 (server default)")
     parser.add_argument("--seed", type=int, default=None, help="sampler seed (random when left out)")
+    batch = parser.add_argument_group("batch mode (--file)")
+    batch.add_argument("--file", type=Path, default=None,
+                       help="JSONL, one job request per line ({\"prompt\": ..., optional \"custom_id\"}), sent as "
+                            "one batch instead of PROMPT")
+    batch.add_argument("--out-dir", type=Path, default=None,
+                       help="where the MP4s go (and the resume state, .h3batch-batch.json); needed with --file")
+    batch.add_argument("--no-archive", action="store_true",
+                       help="download item by item from the results instead of the batch's zip archive")
+    batch.add_argument("--on-invalid", choices=("reject", "skip"), default="reject",
+                       help="server-side: refuse the whole batch for a bad line (default) or skip the bad lines")
+    batch.add_argument("--metadata", default=None, help="JSON object stored on the batch")
+    batch.add_argument("--webhook-url", default=None, help="the server POSTs the finished batch here")
+    batch.add_argument("--poll", type=float, default=1.0, help="seconds between batch status polls (default 1)")
     parser.add_argument("--wait", action="store_true", help="follow the job until it finishes")
     parser.add_argument("--out", type=Path, default=None, help="save the MP4 here (implies --wait)")
     parser.add_argument("--api", default=raw_value("H3BATCH_API_URL") or DEFAULT_API,
                         help=f"API base URL (env H3BATCH_API_URL, default {DEFAULT_API})")
     parser.add_argument("--api-key", default=raw_value("H3BATCH_API_KEY"),
                         help="Bearer key (env H3BATCH_API_KEY)")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="give up waiting after this many seconds")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="give up waiting after this many seconds (one job: default 1800; batch: no limit)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (still prints the outcome)")
     return parser
-
-
-class Client:
-    """The few API calls the CLI makes, with the key and one error shape."""
-
-    def __init__(self, base: str, api_key: str | None):
-        self.base = base.rstrip("/")
-        self.session = requests.Session()
-        if api_key:
-            self.session.headers["Authorization"] = f"Bearer {api_key}"
-
-    def _call(self, method: str, path: str, **kwargs) -> requests.Response:
-        try:
-            return self.session.request(method, self.base + path, timeout=kwargs.pop("timeout", 30), **kwargs)
-        except requests.RequestException as exc:
-            raise CliError(f"cannot reach the API at {self.base} ({type(exc).__name__})") from None
-
-    @staticmethod
-    def _refused(response: requests.Response) -> CliError:
-        try:
-            error = response.json()["error"]
-            return CliError(f"the API refused the request: {error['code']}: {error['message']}")
-        except (ValueError, KeyError, TypeError):
-            return CliError(f"the API answered HTTP {response.status_code}")
-
-    def create(self, body: dict) -> dict:
-        response = self._call("POST", "/jobs", json=body)
-        if response.status_code not in (200, 202):
-            raise self._refused(response)
-        return response.json()
-
-    def get(self, job_id: str, wait_s: int = 0) -> dict:
-        response = self._call("GET", f"/jobs/{job_id}" + (f"?wait={wait_s}" if wait_s else ""),
-                              timeout=wait_s + 30)
-        if response.status_code != 200:
-            raise self._refused(response)
-        return response.json()
-
-    def events(self, job_id: str, last_id: str | None) -> Iterator[tuple[str, dict, str | None]]:
-        """(event, data, id) from the job's SSE stream until it ends; raises CliError if refused."""
-        headers = {"Accept": "text/event-stream", **({"Last-Event-ID": last_id} if last_id else {})}
-        response = self._call("GET", f"/jobs/{job_id}/events", headers=headers, stream=True, timeout=(10, 60))
-        if response.status_code != 200:
-            raise self._refused(response)
-        with response:
-            name, data, event_id = "message", [], None
-            for line in response.iter_lines(decode_unicode=True):
-                if line is None:
-                    continue
-                if line == "":  # blank line: dispatch
-                    if data:
-                        yield name, json.loads("\n".join(data)), event_id
-                    name, data = "message", []
-                    continue
-                if line.startswith(":"):
-                    continue  # keep-alive comment
-                field, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                if field == "event":
-                    name = value
-                elif field == "data":
-                    data.append(value)
-                elif field == "id":
-                    event_id = value
-
-    def download(self, job_id: str, out: Path) -> int:
-        response = self._call("GET", f"/jobs/{job_id}/content", stream=True, timeout=(10, 300))
-        if response.status_code != 200:
-            raise self._refused(response)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        temp = out.with_name(f".{out.name}.partial")
-        size = 0
-        with response, temp.open("wb") as f:
-            for chunk in response.iter_content(1 << 16):
-                f.write(chunk)
-                size += len(chunk)
-        os.replace(temp, out)
-        return size
 
 
 class Progress:
@@ -176,7 +111,21 @@ def follow(client: Client, job: dict, progress: Progress, timeout_s: float) -> d
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.file is not None:
+        if args.prompt is not None:
+            parser.error("give either PROMPT or --file, not both")
+        if args.out is not None or args.wait:
+            parser.error("--out and --wait are for one prompt; with --file use --out-dir")
+        from h3batch.api import client_batch  # noqa: PLC0415  (the batch flow only when asked for)
+
+        return client_batch.run(args, parser)
+    for name in ("out_dir", "no_archive", "metadata", "webhook_url"):
+        if getattr(args, name) not in (None, False):
+            parser.error(f"--{name.replace('_', '-')} needs --file")
+    if args.prompt is None:
+        parser.error("give a PROMPT (or --file prompts.jsonl)")
     if not args.prompt.strip():
         print("h3batch submit: PROMPT: expected a non-empty text", file=sys.stderr)
         return 2
@@ -192,7 +141,7 @@ def main(argv: list[str]) -> int:
             print(job["id"])
             return 0
         progress = Progress(not args.no_progress, job["id"])
-        job = follow(client, job, progress, args.timeout)
+        job = follow(client, job, progress, args.timeout or 1800.0)
         progress.close()
         if job["status"] != "completed":
             error = job.get("error") or {}

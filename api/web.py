@@ -1,4 +1,5 @@
-"""The browser UI: `/` (submit a prompt, live progress from the job's event stream, gallery of finished clips) and
+"""The browser UI: `/` (submit a prompt, live progress from the job's event stream, gallery of finished clips),
+`/ui/batches` (upload a JSONL file as one batch, its progress and per-item status, the archive link) and
 `/ui/sweeps` (load-runner sweeps and their plots). Server-rendered Jinja templates (api/templates) plus one vanilla
 JavaScript file (api/static/app.js); no build step.
 
@@ -16,7 +17,7 @@ from h3batch.core import defaults, geometry
 
 bp = Blueprint("web", __name__)
 
-OPEN_PATHS = frozenset({"/", "/ui/sweeps"})
+OPEN_PATHS = frozenset({"/", "/ui/batches", "/ui/sweeps"})
 """Page routes served without a key (static files under /static/ are open too)."""
 OPEN_PREFIXES = ("/static/",)
 
@@ -31,6 +32,12 @@ def index():
                            default_seconds=defaults.DEFAULT_SECONDS,
                            min_seconds=geometry.MIN_REQUESTED_FRAMES // geometry.FPS,
                            max_seconds=geometry.MAX_REQUESTED_FRAMES // geometry.FPS)
+
+
+@bp.get("/ui/batches")
+def batches_page():
+    """Upload a JSONL file as a batch; its progress, per-item status and the archive link."""
+    return render_template("batches.html")
 
 
 @bp.get("/ui/sweeps")

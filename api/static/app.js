@@ -199,6 +199,7 @@ const H3 = (() => {
       say("Key saved in this browser.");
       if ($("gallery")) loadGallery();
       if ($("sweeps")) loadSweeps();
+      if ($("batches")) loadBatches();
     });
     $("forget-key").hidden = !localStorage.getItem(KEY);
     $("forget-key").addEventListener("click", () => {
@@ -254,5 +255,202 @@ const H3 = (() => {
     loadSweeps();
   }
 
-  return {initGenerate, initSweeps, followEvents, api};
+  // --- batches: a JSONL upload, polled progress, per-item status, the archive link -------------------------------
+
+  const BATCH_TERMINAL = new Set(["completed", "cancelled", "failed", "expired"]);
+  let watchToken = 0;  // each watchBatch() call takes a new token; an older polling loop sees it and stops
+
+  function fmtEta(s) {
+    if (s == null || s < 0) return "?";
+    s = Math.round(s);
+    return s >= 60 ? Math.floor(s / 60) + "m" + String(s % 60).padStart(2, "0") + "s" : s + "s";
+  }
+
+  // "line 3: width: expected …" (the server's message often starts with the field already).
+  function detailLine(d, prefix) {
+    const field = d.field || "body", message = String(d.message);
+    return (prefix || "") + "line " + d.line + ": " + (message.startsWith(field + ":") ? message : field + ": " + message);
+  }
+
+  function showBatchErrors(lines) {
+    const list = $("batch-errors");
+    list.replaceChildren(...lines.map((text) => { const li = document.createElement("li"); li.textContent = text;
+                                                   return li; }));
+    list.hidden = !lines.length;
+  }
+
+  async function submitBatch(event) {
+    event.preventDefault();
+    const file = $("batch-file").files[0];
+    if (!file) { say("Choose a JSONL file first.", true); return; }
+    const form = new FormData();
+    form.append("file", file, file.name);
+    form.append("on_invalid", $("on-invalid").value);
+    $("batch-submit").disabled = true;
+    say("");
+    showBatchErrors([]);
+    try {
+      const response = await api("/batches", {method: "POST", body: form});
+      if (!response.ok) {
+        let body = null;
+        try { body = await response.clone().json(); } catch (e) { /* not JSON */ }
+        const details = body && body.error && Array.isArray(body.error.details) ? body.error.details : [];
+        showBatchErrors(details.map((d) => detailLine(d)));
+        say(await errorText(response), true);
+        return;
+      }
+      const batch = await json(response);
+      showBatchErrors((batch.skipped || []).map((d) => detailLine(d, "skipped ")));
+      history.replaceState(null, "", "#" + batch.id);  // a reload resumes; replaceState fires no hashchange
+      watchBatch(batch);
+      loadBatches();
+    } catch (e) {
+      say(e.message, true);
+    } finally {
+      $("batch-submit").disabled = false;
+    }
+  }
+
+  function showBatch(batch) {
+    $("batch").hidden = false;
+    $("batch-id").textContent = batch.id;
+    $("batch-status").textContent = batch.status;
+    $("batch-status").className = "badge " + batch.status;
+    $("batch-progress").value = Math.round((batch.progress || 0) * 100);
+    const c = batch.counts || {};
+    const done = (c.completed || 0) + (c.failed || 0) + (c.cancelled || 0);
+    let text = done + "/" + (c.total || 0) + " done";
+    if (c.in_progress) text += " · " + c.in_progress + " running";
+    if (c.failed) text += " · " + c.failed + " failed";
+    if (c.cancelled) text += " · " + c.cancelled + " cancelled";
+    if (!BATCH_TERMINAL.has(batch.status)) text += " · eta " + fmtEta(batch.eta_s);
+    $("batch-counts").textContent = text;
+    $("batch-cancel").hidden = BATCH_TERMINAL.has(batch.status);
+  }
+
+  function showItems(results) {
+    $("batch-items").replaceChildren(...results.map((r) => {
+      const row = document.createElement("tr");
+      row.id = "item-" + r.index;
+      row.className = "item " + r.status;
+      const detail = r.error ? (r.error.code + ": " + r.error.message) : (r.job_id || "");
+      for (const text of [String(r.index), r.custom_id || "", r.status, detail]) {
+        const cell = document.createElement("td");
+        cell.textContent = text;
+        row.appendChild(cell);
+      }
+      return row;
+    }));
+  }
+
+  async function loadResults(batch) {
+    const response = await api(batch.results_url || "/batches/" + encodeURIComponent(batch.id) + "/results");
+    if (!response.ok) return;
+    const text = await response.text();
+    showItems(text.split("\n").filter((l) => l.trim()).map((l) => JSON.parse(l)));
+  }
+
+  // The archive link: a plain link when the server needs no key; with a key, the first click fetches the zip
+  // with the Authorization header into a blob: URL (an <a href> cannot send headers) and then downloads that.
+  function showArchive(batch) {
+    const link = $("batch-archive");
+    const href = batch.archive_url || "/batches/" + encodeURIComponent(batch.id) + "/archive";
+    link.href = href;
+    link.dataset.href = href;
+    link.dataset.state = "";
+    link.download = batch.id + ".zip";
+    link.hidden = !(batch.counts && batch.counts.completed);
+  }
+
+  async function archiveClick(event) {
+    const link = $("batch-archive");
+    if (!localStorage.getItem(KEY) || link.dataset.state === "ready") return;  // native download
+    event.preventDefault();
+    if (link.dataset.state === "loading") return;
+    link.dataset.state = "loading";
+    link.textContent = "Preparing archive…";
+    try {
+      link.href = await blobUrl(link.dataset.href);
+      link.dataset.state = "ready";
+      link.textContent = "Download archive";
+      link.click();
+    } catch (e) {
+      link.dataset.state = "";
+      link.textContent = "Download archive";
+      say("archive: " + e.message, true);
+    }
+  }
+
+  async function watchBatch(batch) {
+    const token = ++watchToken;
+    $("batch-archive").hidden = true;
+    $("batch-items").replaceChildren();
+    let lastCounts = null;
+    for (;;) {
+      if (token !== watchToken) return;  // another batch was chosen
+      showBatch(batch);
+      const c = batch.counts || {};
+      const counts = JSON.stringify(c);
+      if (counts !== lastCounts || BATCH_TERMINAL.has(batch.status)) {  // item rows only change with the counts
+        lastCounts = counts;
+        await loadResults(batch);
+      }
+      if (BATCH_TERMINAL.has(batch.status)) {
+        showArchive(batch);
+        say("Batch " + batch.status + ": " + (c.completed || 0) + " of " + (c.total || 0) + " clips rendered.",
+            batch.status !== "completed" || !!c.failed);
+        loadBatches();
+        return;
+      }
+      await new Promise((r) => setTimeout(r, 1000));
+      const response = await api("/batches/" + encodeURIComponent(batch.id));
+      if (!response.ok) { say(await errorText(response), true); return; }
+      batch = await json(response);
+    }
+  }
+
+  async function cancelBatch() {
+    const id = $("batch-id").textContent;
+    const response = await api("/batches/" + encodeURIComponent(id) + "/cancel", {method: "POST"});
+    if (!response.ok) say(await errorText(response), true);
+  }
+
+  async function openBatch(id) {
+    const response = await api("/batches/" + encodeURIComponent(id));
+    if (response.status === 401) return;
+    if (!response.ok) { say(await errorText(response), true); return; }
+    watchBatch(await json(response));
+  }
+
+  async function loadBatches() {
+    const root = $("batches");
+    const response = await api("/batches?limit=10");
+    if (response.status === 401) return;
+    if (!response.ok) { say(await errorText(response), true); return; }
+    const page = await json(response);
+    const batches = page.data || page.batches || [];
+    root.replaceChildren(...batches.map((b) => {
+      const li = document.createElement("li");
+      const link = document.createElement("a");
+      link.href = "#" + b.id;
+      link.textContent = b.id;
+      const c = b.counts || {};
+      li.append(link, " · " + b.status + " · " + (c.completed || 0) + "/" + (c.total || 0) + " completed");
+      return li;
+    }));
+    if (!batches.length) root.textContent = "No batches yet.";
+  }
+
+  function initBatches() {
+    initKey();
+    $("batch-form").addEventListener("submit", submitBatch);
+    $("batch-archive").addEventListener("click", archiveClick);
+    $("batch-cancel").addEventListener("click", cancelBatch);
+    $("refresh").addEventListener("click", loadBatches);
+    window.addEventListener("hashchange", () => { if (location.hash.length > 1) openBatch(location.hash.slice(1)); });
+    loadBatches();
+    if (location.hash.length > 1) openBatch(location.hash.slice(1));  // a reload keeps following the batch
+  }
+
+  return {initGenerate, initSweeps, initBatches, followEvents, api};
 })();

@@ -120,3 +120,66 @@ def test_sweeps_page_lists_sweeps(compat_api, browser):
     wait.until(lambda d: d.find_element(By.ID, "sweeps").text.strip())
     assert browser.find_element(By.ID, "sweeps").text.strip() == "No sweeps yet."
     assert not browser.find_element(By.ID, "key-form").is_displayed()
+
+
+def test_batch_upload_progress_items_and_archive(stack, browser, tmp_path):
+    """/ui/batches: a bad JSONL file is answered with the server's per-line errors; a good one (2 items) is uploaded
+    as multipart, its progress bar and item rows follow the batch to completed, and the archive link (fetched with
+    the stored key into a blob: URL) yields a zip holding both clips."""
+    import json
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(stack.base + "/ui/batches")
+    browser.execute_script("localStorage.setItem('h3batch.apiKey', arguments[0])", KEY_A)
+    browser.refresh()
+    wait = WebDriverWait(browser, 90, poll_frequency=0.05)
+    wait.until(lambda d: d.find_element(By.ID, "batches").text.strip())  # GET /batches answered with the key
+
+    canvas = {"width": 128, "height": 64, "seconds": 4}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "fine", **canvas}) + "\n" + json.dumps({"prompt": "x", "width": 100}) + "\n")
+    browser.find_element(By.ID, "batch-file").send_keys(str(bad))
+    browser.find_element(By.ID, "batch-submit").click()
+    wait.until(lambda d: d.find_element(By.ID, "batch-errors").is_displayed())
+    assert browser.find_element(By.ID, "batch-errors").text.startswith("line 2: width")
+    assert browser.find_element(By.ID, "batch").is_displayed() is False
+
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"custom_id": "harbour", "prompt": "A harbour at dawn, halyards clinking", "seed": 11,
+                                **canvas}) + "\n" +
+                    json.dumps({"custom_id": "market", "prompt": "A busy market, voices and carts", "seed": 12,
+                                **canvas}) + "\n")
+    field = browser.find_element(By.ID, "batch-file")
+    field.clear()
+    field.send_keys(str(good))
+    browser.find_element(By.ID, "batch-submit").click()
+    seen = set()
+
+    def finished(d):
+        seen.add(int(d.find_element(By.ID, "batch-progress").get_attribute("value")))
+        return d.find_element(By.ID, "batch-status").text in ("completed", "cancelled")
+
+    WebDriverWait(browser, 600, poll_frequency=0.05).until(finished)  # two renders on a loaded box: minutes
+    assert browser.find_element(By.ID, "batch-status").text == "completed"
+    assert browser.find_element(By.ID, "batch-progress").get_attribute("value") == "100"
+    assert "2/2 done" in browser.find_element(By.ID, "batch-counts").text
+    rows = browser.execute_script(
+        "return [...document.querySelectorAll('#batch-items tr')].map(r => [...r.cells].map(c => c.textContent));")
+    assert [row[:3] for row in rows] == [["0", "harbour", "completed"], ["1", "market", "completed"]], rows
+    batch_id = browser.find_element(By.ID, "batch-id").text
+    assert browser.execute_script("return location.hash") == "#" + batch_id
+
+    link = browser.find_element(By.ID, "batch-archive")
+    assert link.is_displayed() and link.get_attribute("data-href").endswith(f"/batches/{batch_id}/archive")
+    link.click()
+    wait.until(lambda d: d.find_element(By.ID, "batch-archive").get_attribute("data-state") == "ready")
+    href = link.get_attribute("href")
+    assert href.startswith("blob:")
+    size, head = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "fetch(arguments[0]).then(r => r.arrayBuffer()).then(b => done([b.byteLength,"
+        " String.fromCharCode(...new Uint8Array(b.slice(0, 2)))]));", href)
+    assert head == "PK" and size > 2 * 5_000
+    _shot(browser, tmp_path, "web-batch.png")
