@@ -31,6 +31,8 @@ from tests.object_store import MotoServer, object_store  # noqa: F401  (fixture)
 from tests.service_stack import H3BATCH, REPO, ApiProcess, service_env, start_worker, tiny_release  # noqa: F401
 
 KEY = "s3-store-key-1"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
 AUTH = {"Authorization": f"Bearer {KEY}"}
 SMALL = {"width": 128, "height": 64}
 """The smallest clips the contract takes at 4 s: renders on a shared CPU stay short."""
@@ -193,6 +195,38 @@ def test_batch_archive_reads_the_mp4s_from_the_bucket(s3):
     assert part.status_code == 206 and part.content == archive.content[100:4100]
     api_dir = s3.artifacts.parent / "api-artifacts"
     assert not any(api_dir.rglob("*.mp4")) if api_dir.exists() else True
+
+
+@pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
+                    reason="needs Chromium: apt-get install -y chromium chromium-driver")
+def test_web_page_plays_clips_through_the_presigned_redirect(s3, done_job):
+    """(Runs before the tests that expire, delete or fail jobs: the gallery then holds only servable clips.)
+    The web page on the redirecting API: its gallery fetches each clip with the key, follows the 307 to the
+    presigned URL on the object store (another origin: the store answers CORS) and the <video> plays it."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = Options()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        driver.set_page_load_timeout(30)
+        driver.get(s3.redirect.base + "/")
+        driver.execute_script("localStorage.setItem('h3batch.apiKey', arguments[0])", KEY)
+        driver.get(s3.redirect.base + "/")
+        clips = "return [...document.querySelectorAll('#gallery video')].map(v => [v.readyState, v.duration]);"
+        WebDriverWait(driver, 60, poll_frequency=0.1).until(
+            lambda d: d.execute_script(clips) and all(state >= 1 for state, _ in d.execute_script(clips)))
+        assert all(duration > 3.9 for _, duration in driver.execute_script(clips))
+    finally:
+        driver.quit()
+    redirected = requests.get(f"{s3.redirect.base}/jobs/{done_job['id']}/content", headers=AUTH, timeout=30,
+                              allow_redirects=False)
+    assert redirected.status_code == 307  # the page's bytes came from the store, not through the API
 
 
 def test_variants_are_derived_once_and_stored_beside_the_mp4(s3, done_job):
@@ -378,37 +412,3 @@ def test_credentials_never_logged(s3, done_job):
     assert s3.moto.secret_key not in text
     assert s3.moto.access_key not in text
 
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-
-
-@pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
-                    reason="needs Chromium: apt-get install -y chromium chromium-driver")
-def test_web_page_plays_clips_through_the_presigned_redirect(s3, done_job):
-    """The web page on the redirecting API: its gallery fetches each clip with the key, follows the 307 to the
-    presigned URL on the object store (another origin: the store answers CORS) and the <video> plays it."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    options = Options()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
-        driver.set_page_load_timeout(30)
-        driver.get(s3.redirect.base + "/")
-        driver.execute_script("localStorage.setItem('h3batch.apiKey', arguments[0])", KEY)
-        driver.get(s3.redirect.base + "/")
-        clips = "return [...document.querySelectorAll('#gallery video')].map(v => [v.readyState, v.duration]);"
-        WebDriverWait(driver, 60, poll_frequency=0.1).until(
-            lambda d: d.execute_script(clips) and all(state >= 1 for state, _ in d.execute_script(clips)))
-        assert all(duration > 3.9 for _, duration in driver.execute_script(clips))
-    finally:
-        driver.quit()
-    redirected = requests.get(f"{s3.redirect.base}/jobs/{done_job['id']}/content", headers=AUTH, timeout=30,
-                              allow_redirects=False)
-    assert redirected.status_code == 307  # the page's bytes came from the store, not through the API
