@@ -76,23 +76,34 @@ def _honoured_range(header: str | None, length: int) -> str | None:
     return header
 
 
-def send_job_file(path: Path, media_type: str, etag: str | bool, download_name: str):
-    """A job's file with Range, ETag / If-None-Match / If-Match and HEAD; cacheable by the caller only. A failed
-    If-Match is 412 with the error envelope (never the file)."""
-    honoured = _honoured_range(request.headers.get("Range"), path.stat().st_size)
+def _act_on_range(length: int) -> None:
+    """Leave werkzeug only the Range header `_honoured_range` acts on for a file of `length` bytes."""
+    honoured = _honoured_range(request.headers.get("Range"), length)
     if honoured is None:
         request.environ.pop("HTTP_RANGE", None)
     else:
         request.environ["HTTP_RANGE"] = honoured
-    response = send_file(path, mimetype=media_type, conditional=True, etag=etag, download_name=download_name)
+
+
+def _conditional_reply(response):
+    """The last step of both content paths: a failed If-Match becomes 412 with the error envelope (werkzeug keeps
+    the file as the 412's body; a failed precondition sends no content), else the range and cache headers."""
     if response.status_code == 412:
-        response.close()  # werkzeug keeps the file as the 412's body; a failed precondition sends no content
+        response.close()
         return error_response(412, "precondition_failed", "If-Match: the file's current ETag matches none of "
                                                           "the tags sent", False,
                               {"ETag": response.headers.get("ETag", "")})
     response.headers["Accept-Ranges"] = "bytes"
     response.headers["Cache-Control"] = "private, max-age=3600"  # per-key content: never in shared caches
     return response
+
+
+def send_job_file(path: Path, media_type: str, etag: str | bool, download_name: str):
+    """A job's file with Range, ETag / If-None-Match / If-Match and HEAD; cacheable by the caller only. A failed
+    If-Match is 412 with the error envelope (never the file)."""
+    _act_on_range(path.stat().st_size)
+    response = send_file(path, mimetype=media_type, conditional=True, etag=etag, download_name=download_name)
+    return _conditional_reply(response)
 
 
 def send_job_content(store: ArtifactStore, obj: StoredObject, media_type: str, etag: str | bool,
@@ -110,23 +121,12 @@ def send_job_content(store: ArtifactStore, obj: StoredObject, media_type: str, e
         url = store.presigned_url(obj.key, filename=download_name, media_type=media_type)
         response = Response(status=307, headers={"Location": url, "Cache-Control": "no-store"})
         return response
-    honoured = _honoured_range(request.headers.get("Range"), obj.size)
-    if honoured is None:
-        request.environ.pop("HTTP_RANGE", None)
-    else:
-        request.environ["HTTP_RANGE"] = honoured
+    _act_on_range(obj.size)
     body = wrap_file(request.environ, store.reader(obj.key, obj.size), buffer_size=1 << 18)
     response = Response(body, mimetype=media_type, direct_passthrough=True)
     response.content_length = obj.size
     response.last_modified = obj.modified
     response.headers["Content-Disposition"] = f'inline; filename="{download_name}"'
     response.set_etag(tag)
-    response = response.make_conditional(request.environ, accept_ranges=True, complete_length=obj.size)
-    if response.status_code == 412:
-        response.close()
-        return error_response(412, "precondition_failed", "If-Match: the file's current ETag matches none of "
-                                                          "the tags sent", False,
-                              {"ETag": response.headers.get("ETag", "")})
-    response.headers["Accept-Ranges"] = "bytes"
-    response.headers["Cache-Control"] = "private, max-age=3600"  # per-key content: never in shared caches
-    return response
+    return _conditional_reply(response.make_conditional(request.environ, accept_ranges=True,
+                                                        complete_length=obj.size))

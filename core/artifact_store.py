@@ -72,8 +72,8 @@ class ArtifactStore(Protocol):
     kind: str
 
     def check(self) -> None: ...
-    def publish(self, job_id: str, attempt: int, rendered: Path) -> StoredObject: ...
-    def put_file(self, local: Path, key: str, media_type: str) -> StoredObject: ...
+    def publish(self, job_id: str, attempt: int, rendered: Path, sha256: str | None = None) -> StoredObject: ...
+    def put_file(self, local: Path, key: str, media_type: str, sha256: str | None = None) -> StoredObject: ...
     def head(self, key: str) -> StoredObject | None: ...
     def reader(self, key: str, size: int) -> BinaryIO: ...
     def iter_bytes(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]: ...
@@ -127,13 +127,13 @@ class LocalStore:
             raise ConfigError(f"H3BATCH_ARTIFACTS_DIR: expected a writable directory, found {str(self.root)!r} "
                               f"({exc.strerror or exc})") from None
 
-    def publish(self, job_id: str, attempt: int, rendered: Path) -> StoredObject:
+    def publish(self, job_id: str, attempt: int, rendered: Path, sha256: str | None = None) -> StoredObject:
         final = self.root / job_id / VIDEO_NAME
         os.replace(rendered, final)
         _fsync_dir(final.parent)  # a crash right after `completed` must not lose the directory entry
         return self._stat(f"{job_id}/{VIDEO_NAME}", final)
 
-    def put_file(self, local: Path, key: str, media_type: str) -> StoredObject:
+    def put_file(self, local: Path, key: str, media_type: str, sha256: str | None = None) -> StoredObject:
         target = self._path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
         if Path(local) != target:
@@ -281,10 +281,10 @@ class S3Store:
 
     # writes -----------------------------------------------------------------------------------------------------
 
-    def publish(self, job_id: str, attempt: int, rendered: Path) -> StoredObject:
+    def publish(self, job_id: str, attempt: int, rendered: Path, sha256: str | None = None) -> StoredObject:
         """Upload the attempt's MP4 to its own key with a multipart upload, confirm it by HEAD, remove the local
         file. Raises StoreUnavailable / UploadNotConfirmed (nothing is then referenced)."""
-        stored = self.put_file(rendered, attempt_key(job_id, attempt), "video/mp4")
+        stored = self.put_file(rendered, attempt_key(job_id, attempt), "video/mp4", sha256)
         rendered.unlink(missing_ok=True)
         try:
             rendered.parent.rmdir()  # the worker's scratch folder of the job, when nothing else is in it
@@ -292,12 +292,13 @@ class S3Store:
             pass
         return stored
 
-    def put_file(self, local: Path, key: str, media_type: str) -> StoredObject:
+    def put_file(self, local: Path, key: str, media_type: str, sha256: str | None = None) -> StoredObject:
         """Multipart upload of `local` to `key` (parts of STORE_PART_BYTES, each checksummed by botocore; aborted on
         any error, so no parts linger), then HEAD: the object must show the size sent and the SHA-256 it carries as
-        metadata (`x-amz-meta-sha256`), or it is deleted and UploadNotConfirmed raised."""
+        metadata (`x-amz-meta-sha256`), or it is deleted and UploadNotConfirmed raised. `sha256`: the file's digest
+        when the caller has it already (the worker does), so the file is not read twice."""
         size = Path(local).stat().st_size
-        digest = _sha256_file(Path(local))
+        digest = sha256 or sha256_file(Path(local))
         full = self._key(key)
         c = self.client
         try:
@@ -519,7 +520,8 @@ class _S3Reader:
         self.close()
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB chunks."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

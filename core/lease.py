@@ -55,7 +55,7 @@ def attempt_path(job_dir: Path, attempt: int) -> Path:
 
 
 def publish(r: redis.Redis, job_id: str, holder: str, attempt: int, rendered: Path, final: Path | None = None,
-            store: ArtifactStore | None = None) -> StoredObject:
+            store: ArtifactStore | None = None, sha256: str | None = None) -> StoredObject:
     """Hand this attempt's finished MP4 to the artifact store, only while it still owns the job; returns what the
     store now holds (its key goes into the `completed` record). Without `store`: the local directory above
     `final`'s job folder.
@@ -67,7 +67,7 @@ def publish(r: redis.Redis, job_id: str, holder: str, attempt: int, rendered: Pa
         store = LocalStore((final or rendered).parent.parent)
     if not still_owner(r, job_id, holder, attempt):
         raise LeaseLost(f"job {job_id}: attempt {attempt} lost its lease before publishing its video")
-    return store.publish(job_id, attempt, rendered)
+    return store.publish(job_id, attempt, rendered, sha256)
 
 
 def clean_up(r: redis.Redis, job_id: str, attempt: int, job_dir: Path, store: ArtifactStore | None = None) -> None:

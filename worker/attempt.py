@@ -6,7 +6,6 @@ leaves nothing behind. The step that fails decides nothing; `run_job` maps the e
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
@@ -18,7 +17,7 @@ from typing import Any
 import redis
 
 from h3batch.core import defaults, jobs, lease
-from h3batch.core.artifact_store import ArtifactStore, StoreUnavailable, open_store
+from h3batch.core.artifact_store import ArtifactStore, StoreUnavailable, open_store, sha256_file
 from h3batch.core.exceptions import ExceedsWorkerCapacity, GpuOutOfMemory, InvalidRequest, JobError, ReleaseMismatch
 from h3batch.core.geometry import RequestGeometry
 from h3batch.core.jobs import JobStatus, Stage
@@ -43,14 +42,6 @@ def _free_accelerator_memory() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass
@@ -177,9 +168,9 @@ class Attempt:
         lease.count(r, self.job_id, "rendered")
         jobs.update_progress(r, self.job_id, self.number, {"stage": Stage.FINALIZE, "progress": 0.98})
         t0 = time.perf_counter()
-        sha256, size = _sha256(result.path), result.path.stat().st_size
+        sha256, size = sha256_file(result.path), result.path.stat().st_size
         stored = lease.publish(r, self.job_id, self.holder, self.number, result.path, self.job_dir / VIDEO_NAME,
-                               store=self.store)
+                               store=self.store, sha256=sha256)
         timings = {**{k: round(float(v), 6) for k, v in result.timings.items()},
                    "finalize": round(time.perf_counter() - t0, 6)}
         return {"artifact": stored.key, "sha256": sha256, "size_bytes": size, "timings": timings}
