@@ -29,11 +29,12 @@ def _batch_body_limit() -> None:
 
 def _submission() -> batch_service.Submission:
     if request.mimetype == "multipart/form-data":
-        unknown = sorted((set(request.form) - {"metadata", "on_invalid", "webhook_url"})
-                         | (set(request.files) - {"file"}))
+        # A part named "" comes back from werkzeug under the key None.
+        unknown = sorted({name or "" for name in request.form} - {"metadata", "on_invalid", "webhook_url"}
+                         | {name or "" for name in request.files} - {"file"})
         if unknown:
-            raise ApiError(400, "unsupported_parameter", f"{unknown[0][:64]}: unknown form field (accepted: file, "
-                                                         f"metadata, on_invalid, webhook_url)")
+            raise ApiError(400, "unsupported_parameter", f"{unknown[0][:64] or '(empty name)'}: unknown form field "
+                                                         f"(accepted: file, metadata, on_invalid, webhook_url)")
         upload = request.files.get("file")
         if upload is None:
             raise ApiError(400, "invalid_request", "file: expected a JSONL file part (one job request per line)")

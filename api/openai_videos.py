@@ -35,11 +35,12 @@ def _raw_fields() -> dict[str, Any]:
     if request.mimetype in ("multipart/form-data", "application/x-www-form-urlencoded"):
         for name in request.files:
             raise ApiError(400, "unsupported_parameter",
-                           f"{name}: file uploads are not supported: h3batch is text-to-video+audio only")
+                           f"{name or '(empty name)'}: file uploads are not supported: "
+                           f"h3batch is text-to-video+audio only")
         fields: dict[str, Any] = {}
         for name in request.form:
             values = request.form.getlist(name)
-            fields[name] = values[0] if len(values) == 1 else values
+            fields[name or ""] = values[0] if len(values) == 1 else values  # werkzeug keys a part named "" None
         return fields
     body = request.get_json(force=True, silent=True)
     if not isinstance(body, dict):
