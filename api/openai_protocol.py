@@ -25,7 +25,7 @@ from h3batch.api.errors import ApiError
 from h3batch.api.job_service import Vocabulary
 from h3batch.api.schemas import CreateJob, first_error
 from h3batch.core import defaults, request_rules
-from h3batch.core.geometry import FPS, GeometryError, RequestGeometry, nearest_canvas, shown
+from h3batch.core.geometry import ASPECT_RATIOS, FPS, GeometryError, RequestGeometry, nearest_canvas, shown
 from h3batch.core.jobs import FINISHED, JobStatus
 
 DEFAULT_MODEL_ID = "FastVideo/FastVideo-FastH3-8-Step-V2"
@@ -52,6 +52,55 @@ _INT_FIELDS = ("seed", "width", "height", "num_frames", "fps")
 _ACCEPTED = ("prompt", "model", "seconds", "size", "user", "width", "height", "num_frames", "fps", "seed",
              "num_inference_steps", "guidance_scale", "flow_shift", "audio_flow_shift", "generate_sound",
              "extra_params", "webhook_url", "release", "aspect_ratio", *_NO_CFG_FIELDS)
+
+
+# --- the create body as JSON Schema (GET /openapi.json) ---
+# Every value parse_create accepts must validate here (Schemathesis sends schema-violating bodies and expects them
+# refused), so each field states all the forms the parser takes: multipart text for every number, numbers for
+# `seconds`, and "" or null for "not given". Narrower rules (4..15 s, multiples of 32, the fixed sampler values) are
+# checked by the parser and the contract, not written here.
+
+_NOT_GIVEN = ({"type": "null"}, {"type": "string", "maxLength": 0})
+_INT_TEXT = {"type": "string", "pattern": r"^\s*\+?[0-9]+\s*$"}
+"""`_as_int`'s text form (a multipart part, or JSON text)."""
+_NUMBER_OR_TEXT = ({"type": "number"}, {"type": "string"})
+"""float() of it is what the sampler and duration rules read."""
+
+
+def _optional(*forms: dict[str, Any], description: str | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"anyOf": [*forms, *_NOT_GIVEN]}
+    if description:
+        schema["description"] = description
+    return schema
+
+
+def create_body_schema(model_id: str = DEFAULT_MODEL_ID) -> dict[str, Any]:
+    """The /v1/videos create body (JSON, and multipart where every value is a text part): one property per
+    accepted field."""
+    integer = ({"type": "integer"}, _INT_TEXT)
+    properties = {
+        "prompt": {"type": "string", "description": "What the clip shows and sounds like; not empty."},
+        "model": _optional({"type": "string", "enum": [model_id]}),
+        "seconds": _optional(*_NUMBER_OR_TEXT, description="4..15; OpenAI sends a decimal string (\"4\")"),
+        "size": _optional({"type": "string", "pattern": r"^\s*[0-9]+\s*[xX]\s*[0-9]+\s*$"},
+                          description="WIDTHxHEIGHT; sizes that are not multiples of 32 map to the nearest canvas"),
+        "seed": _optional({"type": "integer", "minimum": 0}, _INT_TEXT),
+        "width": _optional(*integer), "height": _optional(*integer), "num_frames": _optional(*integer),
+        "fps": _optional({"type": "integer", "enum": [FPS]}, _INT_TEXT),
+        "num_inference_steps": _optional({"type": "integer", "enum": [request_rules.REQUIRED_STEPS]}, _INT_TEXT),
+        **{name: _optional(*_NUMBER_OR_TEXT, description="the release's fixed value only")
+           for name in (*_FLOAT_FIELDS, *_NO_CFG_FIELDS)},
+        "generate_sound": _optional({"type": "boolean"}, {"type": "integer"}, {"type": "string"},
+                                    description="true (every clip has stereo sound)"),
+        "extra_params": _optional({"type": "object"}, {"type": "string"},
+                                  description="vLLM-Omni's extras: task t2va and the release's fixed sampler values"),
+        "user": _optional({"type": "string"}),
+        "webhook_url": _optional({"type": "string"}, description="http(s) URL for the signed completion POST"),
+        "release": _optional({"type": "string"}, description="release id the job needs"),
+        "aspect_ratio": _optional({"type": "string", "enum": list(ASPECT_RATIOS)},
+                                  description="instead of size: the release's trained bucket"),
+    }
+    return {"type": "object", "required": ["prompt"], "properties": properties}
 
 
 def _bad(field: str, message: str, code: str = "invalid_request") -> ApiError:
@@ -185,9 +234,18 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
     size = {name: value for name, value in (("width", width), ("height", height)) if value is not None}
     if fields.get("aspect_ratio") not in (None, ""):
         size["aspect_ratio"] = fields["aspect_ratio"]
+    text = {name: _as_text(name, fields.get(name)) for name in ("release", "webhook_url", "user")}
     return {"prompt": fields["prompt"], "seconds": seconds, **size,
-            "seed": ints.get("seed"), "release": fields.get("release") or None,
-            "webhook_url": fields.get("webhook_url") or None}
+            "seed": ints.get("seed"), "release": text["release"], "webhook_url": text["webhook_url"]}
+
+
+def _as_text(field: str, value: Any) -> str | None:
+    """A text field: "" and null mean not given; any other non-text (0, false, [] ...) is refused, never dropped."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise _bad(field, f"expected a string, found {shown(value)}")
+    return value
 
 
 EXTRA_SAMPLER_FIELDS = ("num_inference_steps", "flow_shift", "audio_flow_shift", "guidance_scale")

@@ -12,9 +12,9 @@ from flask import Blueprint, current_app, jsonify
 from pydantic.json_schema import models_json_schema
 
 from h3batch.api import media, schemas
-from h3batch.api.openai_protocol import DEFAULT_MODEL_ID, VideoObject
+from h3batch.api.idempotency import MAX_KEY_CHARS
+from h3batch.api.openai_protocol import VideoObject, create_body_schema
 from h3batch.core import defaults
-from h3batch.core.geometry import ASPECT_RATIOS, FPS
 
 bp = Blueprint("openapi", __name__)
 
@@ -27,6 +27,15 @@ def _ref(name: str) -> dict[str, str]:
 
 def _json(name: str, description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": _ref(name)}}}
+
+
+_IDEMPOTENCY_KEY = {"name": "Idempotency-Key", "in": "header", "required": False,
+                    "schema": {"type": "string", "minLength": 1,
+                               # idempotency.parse_key strips spaces and one pair of quotes (a structured-field
+                               # string) before its 1..MAX_KEY_CHARS check: both forms are accepted
+                               "pattern": r'^\s*("[\s\S]{1,%d}"|[\s\S]{1,%d})\s*$' % (MAX_KEY_CHARS, MAX_KEY_CHARS)},
+                    "description": f"Retry-safe create: same key + body returns the first job; 1..{MAX_KEY_CHARS} "
+                                   "characters, optionally in double quotes"}
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
@@ -62,9 +71,7 @@ def _paths() -> dict[str, Any]:
                                      "content": {"application/json": {"schema": _ref("CreateJob")}}},
                      "parameters": [{"name": "Prefer", "in": "header", "required": False,
                                      "schema": {"type": "string"}, "description": "`wait=N`: block up to N s"},
-                                    {"name": "Idempotency-Key", "in": "header", "required": False,
-                                     "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-                                     "description": "Retry-safe create: same key + body returns the first job"}],
+                                    _IDEMPOTENCY_KEY],
                      "responses": {"202": {**job_ok, "description": "Queued (Location: /jobs/{id})"},
                                    "200": {**job_ok, "description": "Finished within Prefer: wait"},
                                    **_errors(400, 401, 404, 409, 413, 422, 503)}},
@@ -134,22 +141,13 @@ def _openai_paths() -> dict[str, Any]:
     video = {"description": "A video object", "content": {"application/json": {"schema":
                                                                                VideoObject.model_json_schema()}}}
     video_id = {"name": "video_id", "in": "path", "required": True, "schema": {"type": "string"}}
-    create_fields = {"type": "object", "required": ["prompt"], "properties": {
-        "prompt": {"type": "string"}, "model": {"type": "string", "enum": [DEFAULT_MODEL_ID]},
-        "seconds": {"type": "string", "description": "4..15, decimal string"},
-        "size": {"type": ["string", "null"], "pattern": "^[0-9]+x[0-9]+$"}, "seed": {"type": "integer", "minimum": 0},
-        "num_inference_steps": {"type": "integer", "enum": [8]}, "guidance_scale": {"type": ["number", "null"]},
-        "flow_shift": {"type": ["number", "null"]}, "width": {"type": ["integer", "null"]},
-        "height": {"type": ["integer", "null"]}, "num_frames": {"type": ["integer", "null"]},
-        "fps": {"type": "integer", "enum": [FPS]}, "user": {"type": ["string", "null"]},
-        "webhook_url": {"type": "string", "format": "uri"}, "release": {"type": "string"},
-        "aspect_ratio": {"type": "string", "enum": list(ASPECT_RATIOS), "description": "instead of size: the "
-                         "release's trained bucket"}}}
+    create_fields = create_body_schema()
     common = {"401": error("Missing or bad API key"), "429": error("Over the key's rate limit"),
               "503": error("Redis or queue full")}
     return {
         "/v1/videos": {
             "post": {"operationId": "createVideo", "summary": "OpenAI-compatible create (JSON or multipart)",
+                     "parameters": [_IDEMPOTENCY_KEY],
                      "requestBody": {"required": True, "content": {"application/json": {"schema": create_fields},
                                                                    "multipart/form-data": {"schema": create_fields}}},
                      "responses": {"202": video, "400": error("Unsupported field, model, size or duration"),
@@ -226,8 +224,7 @@ def _batch_paths() -> dict[str, Any]:
     return {
         "/batches": {
             "post": {"operationId": "createBatch", "summary": "Queue many job requests as one batch",
-                     "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False,
-                                     "schema": {"type": "string", "minLength": 1, "maxLength": 255}}],
+                     "parameters": [_IDEMPOTENCY_KEY],
                      "requestBody": {"required": True, "content": {"application/json": {"schema": create_json},
                                                                    "multipart/form-data": {"schema": create_form}}},
                      "responses": {"202": {**batch_json, "description": "Queued (Location: /batches/{id})",
