@@ -144,7 +144,8 @@ const H3 = (() => {
     event.preventDefault();
     const [width, height] = $("size").value.split("x").map(Number);
     const body = {prompt: $("prompt").value, seconds: Number($("seconds").value), width, height};
-    if ($("seed").value !== "") body.seed = Number($("seed").value);
+    // Sent as typed: Number() would round a 63-bit seed past 2^53 and render another clip (the API reads the text).
+    if ($("seed").value.trim() !== "") body.seed = $("seed").value.trim();
     $("submit").disabled = true;
     say("");
     try {

@@ -21,6 +21,8 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
 
 SCREENSHOT_DIR = REPO / "docs" / "img"
 """With H3BATCH_UPDATE_SCREENSHOTS=1 the screenshots are written here (committed); else only to tmp."""
+BIG_SEED = 2**53 + 1
+"""A seed JavaScript cannot hold as a Number (9007199254740993 would become ...992)."""
 
 
 @pytest.fixture
@@ -64,7 +66,7 @@ def test_submit_progress_video_and_gallery(stack, browser, tmp_path):
     assert browser.execute_script("return localStorage.getItem('h3batch.apiKey')") == KEY_A
 
     browser.find_element(By.ID, "prompt").send_keys("Waves on a pebble beach, gulls calling")
-    browser.find_element(By.ID, "seed").send_keys("2024")
+    browser.find_element(By.ID, "seed").send_keys(str(BIG_SEED))  # past 2^53: a JS Number would round it
     browser.find_element(By.ID, "submit").click()
     seen = set()
 
@@ -104,7 +106,7 @@ def test_submit_progress_video_and_gallery(stack, browser, tmp_path):
         time.sleep(1.0)  # Chromium fades its loading spinner out after the seek completes
     except TimeoutException:
         pass
-    assert "seed 2024" in gallery.text
+    assert f"seed {BIG_SEED}" in gallery.text
     _shot(browser, tmp_path, "web-gallery.png")
 
 
