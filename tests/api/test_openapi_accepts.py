@@ -1,18 +1,21 @@
 """GET /openapi.json states every form the API accepts: whatever the parser takes validates against the schema, so a
 schema-violating request is one the API refuses (what Schemathesis' negative phase checks). Two gaps it found: the
 /v1/videos create body (api/openai_protocol.py `create_body_schema`; multipart `prompt=false`, `release=0.0`,
-`seed=` got 202) and the Idempotency-Key header (a quoted 255-character key is longer than 255)."""
+`seed=` got 202) and the Idempotency-Key header (a quoted 255-character key is longer than 255). POST /jobs reads
+numbers from text too (pydantic's lax mode), which its schema now states."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
+from pydantic import ValidationError
 
 from h3batch.api.errors import ApiError
 from h3batch.api.idempotency import MAX_KEY_CHARS, parse_key
-from h3batch.api.openapi import _IDEMPOTENCY_KEY
 from h3batch.api.openai_protocol import _ACCEPTED, DEFAULT_MODEL_ID, create_body_schema, parse_create, validated
+from h3batch.api.openapi import _IDEMPOTENCY_KEY
+from h3batch.api.schemas import CreateJob
 
 VALIDATOR = Draft202012Validator(create_body_schema())
 
@@ -56,7 +59,8 @@ _VALUES = st.one_of(st.none(), st.just(""), st.booleans(), st.integers(-3, 40), 
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6),
                     st.sampled_from(["4", " +8 ", "24", "1.0", "10", "3", "true", "yes", "256x128", "16:9",
                                      DEFAULT_MODEL_ID, '{"task": "t2va"}', "http://127.0.0.1:9/hook"]),
-                    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=1))
+                    st.lists(st.integers(), max_size=2),
+                    st.dictionaries(st.text(max_size=3), st.integers(), max_size=1))
 
 
 @settings(max_examples=1000, deadline=None)
@@ -89,3 +93,21 @@ def test_the_idempotency_key_limit_is_still_refused_past_it():
         parse_key("k" * (MAX_KEY_CHARS + 1))
     assert not KEY_VALIDATOR.is_valid("k" * (MAX_KEY_CHARS + 1))
     assert KEY_VALIDATOR.is_valid(f'"{"k" * MAX_KEY_CHARS}"') and parse_key(f'"{"k" * MAX_KEY_CHARS}"')
+
+
+JOB_VALIDATOR = Draft202012Validator(CreateJob.model_json_schema())
+_JOB_FIELDS = ("seconds", "width", "height", "seed", "aspect_ratio", "release", "webhook_url")
+
+
+@settings(max_examples=1000, deadline=None)
+@given(extra=st.dictionaries(st.sampled_from(_JOB_FIELDS), _VALUES | st.sampled_from(["128", " +32 ", "2_56", "6.0"]),
+                             max_size=3),
+       prompt=st.sampled_from(["a fox", "false", "0"]) | _VALUES)
+def test_whatever_post_jobs_accepts_its_schema_accepts(prompt, extra):
+    """POST /jobs (and each /batches line): pydantic's lax mode reads numbers from text; the schema says so."""
+    fields = {"prompt": prompt, **extra}
+    try:
+        CreateJob.model_validate(fields, context={"max_prompt_chars": 4000})
+    except ValidationError:
+        return
+    assert JOB_VALIDATOR.is_valid(fields), (fields, [e.message for e in JOB_VALIDATOR.iter_errors(fields)])
