@@ -20,7 +20,7 @@ from h3batch.api.errors import ApiError
 from h3batch.api.job_service import Caller, FieldError
 from h3batch.api.jobs import JOBS
 from h3batch.api.zipstream import Member, ZipLayout, file_crc32
-from h3batch.core import batches, defaults
+from h3batch.core import batches, capacity, defaults
 from h3batch.core import jobs as store
 from h3batch.core.jobs import JobSpec, JobStatus
 
@@ -123,8 +123,10 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
         caller.vet_webhook_url(sub.webhook_url)  # the batch's own: 400/422 for the whole submission
     items: list[batches.Item] = []
     refused: list[dict[str, Any]] = []
+    over: list[dict[str, Any]] = []  # lines larger than any worker serves
     canonical: list[Any] = []
     seen: set[str] = set()
+    limit = capacity.fleet_limit(caller.r)  # read once: every line is measured against the same fleet
     for index, (line, raw) in enumerate(sub.lines):
         def refuse(where: str, message: str, line: int = line) -> None:
             refused.append({"line": line, "field": where, "message": message})
@@ -157,14 +159,20 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
             continue
         if custom_id is not None:
             seen.add(custom_id)
+        # The idempotency form holds the request, not the fleet's verdict: a retry after the fleet changed is still
+        # the same request (the first attempt's outcome is replayed).
+        canonical.append({**req.model_dump(mode="json"), "custom_id": custom_id})
+        too_large = job_service.over_capacity(limit, req)
+        if too_large is not None:  # as POST /jobs answers 422 exceeds_worker_capacity: no worker could render it
+            over.append({"line": line, "field": "body", "message": f"exceeds_worker_capacity: {too_large}"})
+            continue
         spec = JobSpec(prompt=req.prompt, seconds=float(req.seconds), width=req.width, height=req.height,
                        seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
                        owner=caller.owner, webhook_url=req.webhook_url)
         items.append(batches.Item(spec=spec, index=index, custom_id=custom_id))
-        canonical.append({**req.model_dump(mode="json"), "custom_id": custom_id})
     form = {"requests": canonical, "refused": refused, "metadata": sub.metadata, "on_invalid": sub.on_invalid,
             "webhook_url": sub.webhook_url}
-    return items, refused, form
+    return items, sorted(refused + over, key=lambda entry: entry["line"]), form
 
 
 def create(caller: Caller, sub: Submission, *, max_batch: int, max_prompt_chars: int, canvas: str | None,

@@ -180,15 +180,20 @@ def _create_and_enqueue(caller: Caller, req: CreateJob, api: str) -> dict[str, A
 def check_capacity(r: redis.Redis, req: CreateJob) -> None:
     """422 exceeds_worker_capacity when the request needs more rows than the fleet serves (core/capacity.py rules:
     the largest `max_rows` of a live worker; with none live, the last one known; nothing known: accept)."""
-    limit = capacity.fleet_limit(r)
+    refusal = over_capacity(capacity.fleet_limit(r), req)
+    if refusal is not None:
+        raise ApiError(422, "exceeds_worker_capacity", refusal, False)
+
+
+def over_capacity(limit: capacity.FleetLimit | None, req: CreateJob) -> str | None:
+    """Why `req` is over `limit` (a message naming both figures), or None when it fits or nothing is known."""
     if limit is None:
-        return
+        return None
     rows = RequestGeometry(req.width, req.height, float(req.seconds)).capacity_rows
-    if rows > limit.max_rows:
-        raise ApiError(422, "exceeds_worker_capacity",
-                       f"this request needs {rows} rows ({req.width}x{req.height}, {float(req.seconds):g} s: video "
-                       f"and audio rows plus {MAX_TEXT_ROWS} text rows) and {limit.describe()}; ask for a smaller "
-                       f"canvas or a shorter clip", False)
+    if rows <= limit.max_rows:
+        return None
+    return (f"this request needs {rows} rows ({req.width}x{req.height}, {float(req.seconds):g} s: video and audio "
+            f"rows plus {MAX_TEXT_ROWS} text rows) and {limit.describe()}; ask for a smaller canvas or a shorter clip")
 
 
 def page_limit(text: str, *, digits_only: bool = False) -> int:

@@ -9,6 +9,7 @@ clip to the end (the job after the OOM), about 2 s on an idle CPU.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import requests
@@ -94,6 +95,50 @@ def test_request_over_capacity_is_refused_on_both_routes_and_nothing_is_queued(s
     after = (r.zcard(keys.JOBS_INDEX), r.zcard(keys.QUEUE), r.llen(defaults.RENDER_QUEUE),
              sorted(r.scan_iter(match=keys.job("*"))))
     assert after == before  # (a request under the limit is accepted on the same route: the OOM test below)
+
+
+def _line(size: tuple[int, int, float], custom_id: str) -> str:
+    width, height, seconds = size
+    return json.dumps({"custom_id": custom_id, "prompt": "a kettle whistles", "width": width, "height": height,
+                       "seconds": seconds})
+
+
+def test_a_batch_line_over_capacity_is_refused_by_line_and_skip_leaves_it_out(stack):
+    """POST /batches measures every line as POST /jobs does: a line over the fleet's max_rows makes the batch 422
+    invalid_batch naming that line, exceeds_worker_capacity and both figures, with nothing queued; with on_invalid
+    skip the other lines run and the large one is listed as skipped."""
+    r = stack.redis.client()
+    before = (r.zcard(keys.JOBS_INDEX), r.zcard(keys.QUEUE), r.llen(defaults.RENDER_QUEUE))
+    jsonl = "\n".join([_line(SMALL, "small-1"), _line(LARGE, "large"), _line(SMALL, "small-2")]).encode()
+    refused = requests.post(f"{stack.api.base}/batches", files={"file": ("clips.jsonl", jsonl)}, timeout=10)
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "invalid_batch" and error["retryable"] is False
+    [detail] = error["details"]
+    assert detail["line"] == 2 and detail["message"].startswith("exceeds_worker_capacity: "), detail
+    assert str(rows(LARGE)) in detail["message"] and str(MAX_ROWS) in detail["message"], detail
+    assert (r.zcard(keys.JOBS_INDEX), r.zcard(keys.QUEUE), r.llen(defaults.RENDER_QUEUE)) == before
+
+    skipped = requests.post(f"{stack.api.base}/batches", files={"file": ("clips.jsonl", jsonl)},
+                            data={"on_invalid": "skip"}, timeout=10)
+    assert skipped.status_code == 202, skipped.text
+    batch = skipped.json()
+    assert [entry["line"] for entry in batch["skipped"]] == [2], batch
+    assert batch["counts"]["total"] == 2, batch
+    done = poll_batch(stack, batch["id"])  # the worker is idle again for the tests below
+    results = requests.get(f"{stack.api.base}/batches/{batch['id']}/results", timeout=10).text.splitlines()
+    assert [json.loads(line)["custom_id"] for line in results] == ["small-1", "small-2"], results
+    assert all(json.loads(line)["status"] == "completed" for line in results), (done, results)
+
+
+def poll_batch(stack: Stack, batch_id: str, timeout_s: float = 180) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = requests.get(f"{stack.api.base}/batches/{batch_id}", timeout=10).json()
+        if batch["status"] in ("completed", "failed", "cancelled"):
+            return batch
+        time.sleep(0.2)
+    raise AssertionError(f"batch {batch_id} did not finish: {batch}")
 
 
 def test_a_job_over_the_workers_own_limit_fails_exceeds_worker_capacity(stack):
