@@ -13,7 +13,7 @@ from pydantic.json_schema import models_json_schema
 
 from h3batch.api import media, schemas
 from h3batch.api.idempotency import MAX_KEY_CHARS
-from h3batch.api.openai_protocol import VideoObject, create_body_schema
+from h3batch.api.openai_protocol import DEFAULT_MODEL_ID, VideoObject, create_body_schema
 from h3batch.core import defaults
 
 bp = Blueprint("openapi", __name__)
@@ -141,7 +141,7 @@ def _openai_paths() -> dict[str, Any]:
     video = {"description": "A video object", "content": {"application/json": {"schema":
                                                                                VideoObject.model_json_schema()}}}
     video_id = {"name": "video_id", "in": "path", "required": True, "schema": {"type": "string"}}
-    create_fields = create_body_schema()
+    create_fields = create_body_schema(current_app.config.get("OPENAI_MODEL") or DEFAULT_MODEL_ID)  # as served
     common = {"401": error("Missing or bad API key"), "429": error("Over the key's rate limit"),
               "503": error("Redis or queue full")}
     return {

@@ -111,3 +111,23 @@ def test_whatever_post_jobs_accepts_its_schema_accepts(prompt, extra):
     except ValidationError:
         return
     assert JOB_VALIDATOR.is_valid(fields), (fields, [e.message for e in JOB_VALIDATOR.iter_errors(fields)])
+
+
+def test_the_document_names_the_model_this_server_serves(tmp_path):
+    """H3BATCH_OPENAI_MODEL changes the `model` the parser accepts; /openapi.json follows it."""
+    from h3batch.api import create_app  # noqa: PLC0415
+    from tests.conftest import start_redis  # noqa: PLC0415
+
+    proc, url = start_redis(tmp_path / "redis")
+    try:
+        app = create_app({"REDIS_URL": url, "ARTIFACTS_DIR": str(tmp_path / "artifacts"), "API_KEYS": [],
+                          "OPENAI_MODEL": "example-org/other-model"})
+        doc = app.test_client().get("/openapi.json").get_json()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    body = doc["paths"]["/v1/videos"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    validator = Draft202012Validator(body)
+    assert validator.is_valid({"prompt": "a fox", "model": "example-org/other-model"})
+    assert not validator.is_valid({"prompt": "a fox", "model": DEFAULT_MODEL_ID})
+    assert parse_create({"prompt": "a fox", "model": "example-org/other-model"}, "example-org/other-model")
