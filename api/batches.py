@@ -11,6 +11,7 @@ from werkzeug.http import parse_range_header
 
 from h3batch.api import batch_service, idempotency, job_http, job_service
 from h3batch.api.errors import ApiError
+from h3batch.api.request_guard import form_parts
 from h3batch.core import defaults
 
 bp = Blueprint("batches", __name__)
@@ -29,12 +30,12 @@ def _batch_body_limit() -> None:
 
 def _submission() -> batch_service.Submission:
     if request.mimetype == "multipart/form-data":
-        # A part named "" comes back from werkzeug under the key None.
-        unknown = sorted({name or "" for name in request.form} - {"metadata", "on_invalid", "webhook_url"}
-                         | {name or "" for name in request.files} - {"file"})
+        texts, files = form_parts()
+        unknown = sorted({name for name, _ in texts} - {"metadata", "on_invalid", "webhook_url"}
+                         | set(files) - {"file"})
         if unknown:
-            raise ApiError(400, "unsupported_parameter", f"{unknown[0][:64] or '(empty name)'}: unknown form field "
-                                                         f"(accepted: file, metadata, on_invalid, webhook_url)")
+            raise ApiError(400, "unsupported_parameter", f"{unknown[0][:64]}: unknown form field (accepted: file, "
+                                                         f"metadata, on_invalid, webhook_url)")
         upload = request.files.get("file")
         if upload is None:
             raise ApiError(400, "invalid_request", "file: expected a JSONL file part (one job request per line)")

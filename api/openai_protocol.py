@@ -234,9 +234,10 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
     size = {name: value for name, value in (("width", width), ("height", height)) if value is not None}
     if fields.get("aspect_ratio") not in (None, ""):
         size["aspect_ratio"] = fields["aspect_ratio"]
-    text = {name: _as_text(name, fields.get(name)) for name in ("release", "webhook_url", "user")}
-    return {"prompt": fields["prompt"], "seconds": seconds, **size,
-            "seed": ints.get("seed"), "release": text["release"], "webhook_url": text["webhook_url"]}
+    _as_text("user", fields.get("user"))  # OpenAI's end-user id: checked, then not used
+    return {"prompt": fields["prompt"], "seconds": seconds, **size, "seed": ints.get("seed"),
+            "release": _as_text("release", fields.get("release")),
+            "webhook_url": _as_text("webhook_url", fields.get("webhook_url"))}
 
 
 def _as_text(field: str, value: Any) -> str | None:

@@ -18,6 +18,7 @@ from h3batch.api.openai_protocol import (
     validated,
     video_object,
 )
+from h3batch.api.request_guard import form_parts
 from h3batch.core import defaults
 
 bp = Blueprint("openai_videos", __name__, url_prefix="/v1")
@@ -33,15 +34,11 @@ def model_id() -> str:
 def _raw_fields() -> dict[str, Any]:
     """The create body as a dict: JSON object, or multipart / urlencoded text parts. File parts are refused."""
     if request.mimetype in ("multipart/form-data", "application/x-www-form-urlencoded"):
-        for name in request.files:
+        texts, files = form_parts()
+        for name in files:
             raise ApiError(400, "unsupported_parameter",
-                           f"{name or '(empty name)'}: file uploads are not supported: "
-                           f"h3batch is text-to-video+audio only")
-        fields: dict[str, Any] = {}
-        for name in request.form:
-            values = request.form.getlist(name)
-            fields[name or ""] = values[0] if len(values) == 1 else values  # werkzeug keys a part named "" None
-        return fields
+                           f"{name}: file uploads are not supported: h3batch is text-to-video+audio only")
+        return {name: values[0] if len(values) == 1 else values for name, values in texts}
     body = request.get_json(force=True, silent=True)
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_json", "expected a JSON object or multipart/form-data body, e.g. "

@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, current_app, jsonify
-from pydantic.json_schema import models_json_schema
+from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 from h3batch.api import media, schemas
 from h3batch.api.idempotency import MAX_KEY_CHARS
-from h3batch.api.openai_protocol import DEFAULT_MODEL_ID, VideoObject, create_body_schema
+from h3batch.api.openai_protocol import VideoObject, create_body_schema
+from h3batch.api.openai_videos import model_id
 from h3batch.core import defaults
 
 bp = Blueprint("openapi", __name__)
@@ -141,7 +142,7 @@ def _openai_paths() -> dict[str, Any]:
     video = {"description": "A video object", "content": {"application/json": {"schema":
                                                                                VideoObject.model_json_schema()}}}
     video_id = {"name": "video_id", "in": "path", "required": True, "schema": {"type": "string"}}
-    create_fields = create_body_schema(current_app.config.get("OPENAI_MODEL") or DEFAULT_MODEL_ID)  # as served
+    create_fields = create_body_schema(model_id())  # the model this server serves
     common = {"401": error("Missing or bad API key"), "429": error("Over the key's rate limit"),
               "503": error("Redis or queue full")}
     return {
@@ -271,10 +272,33 @@ def _batch_paths() -> dict[str, Any]:
     }
 
 
-def build_document() -> dict[str, Any]:
+class _NumbersAlsoAsText(GenerateJsonSchema):
+    """Request bodies: pydantic's lax mode reads numbers from text ("7", " +7 ", "2_56"; the web page sends a seed as
+    text so 63-bit values stay exact), so every int and float of a validation-mode model also takes a string. The
+    document must not be narrower than what is accepted: Schemathesis sends schema-violating bodies and expects
+    them refused. Responses (serialization mode) keep their plain number types."""
+
+    def int_schema(self, schema):
+        return self._or_text(super().int_schema(schema))
+
+    def float_schema(self, schema):
+        return self._or_text(super().float_schema(schema))
+
+    def _or_text(self, number: dict[str, Any]) -> dict[str, Any]:
+        if self.mode != "validation":
+            return number
+        return {"anyOf": [number, {"type": "string", "description": "the number as text"}]}
+
+
+def model_schemas() -> dict[str, Any]:
+    """The document's component schemas, generated from api/schemas.py's models."""
     models = [(schemas.CreateJob, "validation"), (schemas.Job, "serialization"), (schemas.JobList, "serialization"),
               (schemas.ErrorBody, "serialization")]
-    _, top = models_json_schema(models, ref_template=_REF)
+    _, top = models_json_schema(models, ref_template=_REF, schema_generator=_NumbersAlsoAsText)
+    return top.get("$defs", {})
+
+
+def build_document() -> dict[str, Any]:
     from h3batch.api import sweeps  # noqa: PLC0415
 
     paths = _paths()
@@ -287,7 +311,7 @@ def build_document() -> dict[str, Any]:
                  "description": "Text prompt → MP4 with stereo sound (FastH3 8-Step V2). Errors: "
                                 "{\"error\": {code, message, retryable}}."},
         "paths": paths,
-        "components": {"schemas": top.get("$defs", {}),
+        "components": {"schemas": model_schemas(),
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
                                            "metricsToken": {"type": "http", "scheme": "bearer",
                                                             "description": "H3BATCH_METRICS_TOKEN (GET /metrics)"}}},

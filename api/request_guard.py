@@ -7,12 +7,25 @@ each parameter a single type, and Schemathesis sends repeats as arrays to check 
 
 A chunked body (no Content-Length) over MAX_CONTENT_LENGTH is 413 like a declared one: werkzeug stops reading such a
 body at the limit and hands the views the first 64 KiB, which they would refuse as broken JSON (400).
+
+`form_parts` is how the multipart views read part names (it is no before-request check: /batches raises the body
+limit in its own hook, which runs after the app's).
 """
 from __future__ import annotations
 
 from flask import Flask, request
 
 from h3batch.api.errors import ApiError
+
+UNREADABLE_NAME = "(empty name)"
+"""What a part whose name werkzeug cannot read is called: `name="x\\"` (the quote reads as escaped) comes back
+keyed None, and sorting or printing None beside str names was a 500. No route accepts this name: an unknown field."""
+
+
+def form_parts() -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """The multipart/urlencoded body as (text parts as (name, values), file part names), every name a str."""
+    texts = [(name or UNREADABLE_NAME, request.form.getlist(name)) for name in request.form]
+    return texts, [name or UNREADABLE_NAME for name in request.files]
 
 
 def init_request_guard(app: Flask) -> None:

@@ -33,19 +33,6 @@ AspectRatio = Literal["16:9", "9:16", "1:1", "4:3", "3:4"]
 """core.geometry.ASPECT_RATIOS as a schema type (tests check the two agree)."""
 
 
-def _read_from_text_too(extra: dict[str, Any]):
-    """A field schema that also states the text form: pydantic's lax mode reads "7", " +7 " and "2_56" as numbers
-    (the web page sends a seed as text so 63-bit values stay exact). /openapi.json must not be narrower than what
-    is accepted: Schemathesis sends schema-violating bodies and expects them refused."""
-    def edit(schema: dict[str, Any]) -> None:
-        forms = schema.pop("anyOf", None)
-        if forms is None:
-            forms = [{k: schema.pop(k) for k in ("type", "minimum", "maximum", "multipleOf") if k in schema}]
-        forms[0].update(extra)
-        schema["anyOf"] = [forms[0], {"type": "string", "description": "the number as text"}, *forms[1:]]
-    return edit
-
-
 class CreateJob(BaseModel):
     """POST /jobs body. Unknown fields are refused (400 unsupported_parameter)."""
 
@@ -57,17 +44,16 @@ class CreateJob(BaseModel):
     # The geometry limits are checked by h3batch.core.geometry (errors unsupported_size / unsupported_duration); the
     # schema keywords below only document them (the aspect rule has no JSON Schema keyword).
     seconds: float = Field(defaults.DEFAULT_SECONDS, description="Clip length, 4 to 15 s.",
-                           json_schema_extra=_read_from_text_too({"minimum": 4, "maximum": 15}))
+                           json_schema_extra={"minimum": 4, "maximum": 15})
     width: int = Field(defaults.DEFAULT_WIDTH, description="Canvas width in pixels, a multiple of 32.",
-                       json_schema_extra=_read_from_text_too({"minimum": 32, "multipleOf": 32}))
+                       json_schema_extra={"minimum": 32, "multipleOf": 32})
     height: int = Field(defaults.DEFAULT_HEIGHT, description="Canvas height in pixels, a multiple of 32; "
                                                              "aspect width/height 1:4 to 4:1.",
-                        json_schema_extra=_read_from_text_too({"minimum": 32, "multipleOf": 32}))
+                        json_schema_extra={"minimum": 32, "multipleOf": 32})
     aspect_ratio: AspectRatio | None = Field(None, description="Instead of width/height: the release's trained "
                                              "bucket for this aspect (16:9 -> 1344x768 on FastH3 V2).")
     seed: int | None = Field(None, ge=0, lt=2**63, description="Sampler noise seed; random 63-bit when omitted "
-                                                                "(the chosen value is recorded on the job).",
-                             json_schema_extra=_read_from_text_too({}))
+                                                                "(the chosen value is recorded on the job).")
     release: str | None = Field(None, min_length=1, max_length=200,
                                 description="Release id the job needs; a worker serving another one fails the job "
                                             "with release_mismatch.")

@@ -183,6 +183,18 @@ def r(redis_url) -> redis.Redis:
     client.close()
 
 
+def wait_batch(base: str, batch_id: str, headers: dict | None = None, timeout_s: float = 600.0) -> dict:
+    """GET the batch until it has finished (`finished_at` set); returns that batch JSON."""
+    deadline = time.monotonic() + timeout_s
+    batch = None
+    while time.monotonic() < deadline:
+        batch = requests.get(f"{base}/batches/{batch_id}", headers=headers, timeout=10).json()
+        if batch["finished_at"] is not None:
+            return batch
+        time.sleep(0.2)
+    raise AssertionError(f"batch {batch_id} did not finish; last seen {batch}")
+
+
 def poll_until(base: str, job_id: str, predicate, timeout_s: float = 120.0, interval_s: float = 0.05) -> dict:
     """GET the job until predicate(job) holds; returns that job JSON."""
     deadline = time.monotonic() + timeout_s

@@ -17,6 +17,7 @@ import requests
 
 from tests.api.conftest import KEY_A, KEY_B, auth, key_id, wait_job
 from tests.api.test_webhooks import verify
+from tests.service_stack import wait_batch
 
 SMALL = {"width": 128, "height": 32, "seconds": 4}
 ITEMS = int(os.environ.get("BATCH_TEST_ITEMS", "20"))
@@ -31,17 +32,6 @@ def _batch(base: str, key_headers: dict | None = None, **body) -> requests.Respo
 def _jsonl(base: str, text: str, headers: dict | None = None, **fields) -> requests.Response:
     return requests.post(f"{base}/batches", files={"file": ("prompts.jsonl", text.encode(), "application/jsonl")},
                          data=fields, headers=headers or auth(), timeout=30)
-
-
-def _wait_batch(base: str, batch_id: str, timeout_s: float = 600.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    batch = None
-    while time.monotonic() < deadline:
-        batch = requests.get(f"{base}/batches/{batch_id}", headers=auth(), timeout=10).json()
-        if batch["finished_at"] is not None:
-            return batch
-        time.sleep(0.2)
-    raise AssertionError(f"batch {batch_id} did not finish; last seen {batch}")
 
 
 def _results(base: str, batch_id: str) -> list[dict]:
@@ -122,7 +112,7 @@ def test_skip_mode_idempotency_ownership_and_listing(stack, rc):
     assert older.status_code == 200 and older.json()["data"][0]["id"] == earlier.json()["id"]
     foreign = requests.get(f"{stack.base}/batches?after={batch['id']}", headers=auth(KEY_B), timeout=10)
     assert foreign.status_code == 400 and foreign.json()["error"]["code"] == "invalid_cursor"
-    done = _wait_batch(stack.base, batch["id"])
+    done = wait_batch(stack.base, batch["id"], auth())
     assert done["status"] == "completed" and done["counts"]["completed"] == 2 and done["progress"] == 1.0
 
     # delete: the batch, its jobs and their files go
@@ -256,7 +246,7 @@ def test_single_job_is_not_starved_by_a_queued_batch_and_cancel_stops_the_rest(s
     print(f"\nFAIRNESS single job waited {started - submitted:.2f} s; the item running at its submission finished "
           f"{freed - submitted:.2f} s after it; batch items started in between: {len(started_while_waiting)}")
 
-    done = _wait_batch(stack.base, batch_id, timeout_s=300)
+    done = wait_batch(stack.base, batch_id, auth(), timeout_s=300)
     assert done["status"] == "cancelled" and done["counts"]["cancelled"] >= 25
     assert done["counts"]["queued"] == done["counts"]["in_progress"] == 0
     again = requests.post(f"{stack.base}/batches/{batch_id}/cancel", headers=auth(), timeout=10)

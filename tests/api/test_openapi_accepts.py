@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from h3batch.api.errors import ApiError
 from h3batch.api.idempotency import MAX_KEY_CHARS, parse_key
 from h3batch.api.openai_protocol import _ACCEPTED, DEFAULT_MODEL_ID, create_body_schema, parse_create, validated
-from h3batch.api.openapi import _IDEMPOTENCY_KEY
+from h3batch.api.openapi import _IDEMPOTENCY_KEY, model_schemas
 from h3batch.api.schemas import CreateJob
 
 VALIDATOR = Draft202012Validator(create_body_schema())
@@ -95,7 +95,7 @@ def test_the_idempotency_key_limit_is_still_refused_past_it():
     assert KEY_VALIDATOR.is_valid(f'"{"k" * MAX_KEY_CHARS}"') and parse_key(f'"{"k" * MAX_KEY_CHARS}"')
 
 
-JOB_VALIDATOR = Draft202012Validator(CreateJob.model_json_schema())
+JOB_VALIDATOR = Draft202012Validator(model_schemas()["CreateJob"])  # as /openapi.json has it
 _JOB_FIELDS = ("seconds", "width", "height", "seed", "aspect_ratio", "release", "webhook_url")
 
 

@@ -9,7 +9,6 @@ clip to the end (the job after the OOM), about 2 s on an idle CPU.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import requests
@@ -19,7 +18,7 @@ from h3batch.core import jobs as store
 from h3batch.core.celery_app import make_celery
 from h3batch.core.geometry import RequestGeometry
 from h3batch.core.jobs import JobSpec
-from tests.service_stack import poll_until
+from tests.service_stack import poll_until, wait_batch
 from tests.system.conftest import RedisServer, Stack
 
 SMALL = (128, 32, 4.0)  # 1,508 rows: fits and does not trip the injected OOM
@@ -125,20 +124,10 @@ def test_a_batch_line_over_capacity_is_refused_by_line_and_skip_leaves_it_out(st
     batch = skipped.json()
     assert [entry["line"] for entry in batch["skipped"]] == [2], batch
     assert batch["counts"]["total"] == 2, batch
-    done = poll_batch(stack, batch["id"])  # the worker is idle again for the tests below
+    done = wait_batch(stack.api.base, batch["id"], timeout_s=180)  # the worker is idle again for the tests below
     results = requests.get(f"{stack.api.base}/batches/{batch['id']}/results", timeout=10).text.splitlines()
     assert [json.loads(line)["custom_id"] for line in results] == ["small-1", "small-2"], results
     assert all(json.loads(line)["status"] == "completed" for line in results), (done, results)
-
-
-def poll_batch(stack: Stack, batch_id: str, timeout_s: float = 180) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        batch = requests.get(f"{stack.api.base}/batches/{batch_id}", timeout=10).json()
-        if batch["status"] in ("completed", "failed", "cancelled"):
-            return batch
-        time.sleep(0.2)
-    raise AssertionError(f"batch {batch_id} did not finish: {batch}")
 
 
 def test_a_job_over_the_workers_own_limit_fails_exceeds_worker_capacity(stack):
