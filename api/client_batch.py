@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from h3batch.api.client_http import BatchRefused, Client, CliError, NotFound, detail_text, partial_path
+from h3batch.core import jsonl
 
 PROG = "h3batch submit"
 STATE_NAME = ".h3batch-batch.json"
@@ -66,9 +67,7 @@ def read_requests(path: Path, defaults: dict[str, Any] | None = None) -> tuple[l
     requests_: list[dict] = []
     line_numbers: list[int] = []
     seen_ids: dict[str, int] = {}
-    for number, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue
+    for number, line in jsonl.numbered_lines(raw):  # the one line rule the server reads by too (core/jsonl.py)
         where = f"{path.name} line {number}"
         try:
             item = json.loads(line.decode("utf-8"))
