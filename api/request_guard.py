@@ -29,12 +29,13 @@ def form_parts() -> tuple[list[tuple[str, str]], list[str]]:
     -F file=@b`) and `.get` would silently take the first, so a repeated name, text or file part (or both at once),
     is 400 `invalid_request` naming it.
     """
-    counts: dict[str, int] = {}
+    counts: dict[str | None, int] = {}
     for name, values in [*request.form.lists(), *request.files.lists()]:
-        counts[name or UNREADABLE_NAME] = counts.get(name or UNREADABLE_NAME, 0) + len(values)
+        counts[name] = counts.get(name, 0) + len(values)
     for name, count in counts.items():
         if count > 1:
-            raise ApiError(400, "invalid_request", f"{name[:64]}: expected one form part, found {count}")
+            raise ApiError(400, "invalid_request", f"{(name or UNREADABLE_NAME)[:64]}: expected one form part, "
+                                                   f"found {count}")
     texts = [(name or UNREADABLE_NAME, request.form[name]) for name in request.form]
     return texts, [name or UNREADABLE_NAME for name in request.files]
 
