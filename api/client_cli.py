@@ -54,11 +54,8 @@ def finite_number(text: str) -> float:
 
 def positive_seconds(text: str) -> float:
     """--timeout, --poll: a finite number of seconds above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
+    value = finite_number(text)
+    if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, found {text!r}")
     return value
 
