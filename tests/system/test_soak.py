@@ -43,6 +43,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600),
 
 JOBS = int(os.environ.get("SOAK_JOBS", "300"))
 FAULT_EVERY_S = float(os.environ.get("SOAK_FAULT_EVERY_S", "15"))
+WAIT_S = float(os.environ.get("SOAK_WAIT_S", "600"))
+"""How long the run may take to finish every job and batch after the last one was sent."""
 """Mean seconds between faults (jittered 0.5-1.5x); never the same kind twice in a row."""
 QUIET_SHARE = 0.25
 """The last quarter of the jobs runs without faults: the RSS flatness window."""
@@ -122,7 +124,11 @@ class Soak:
 
     def submit(self) -> None:
         for i in range(JOBS):
-            if i >= JOBS * (1 - QUIET_SHARE):
+            if i >= JOBS * (1 - QUIET_SHARE) and self.faulting.is_set():
+                # The faults end once the fault phase's jobs have finished, not merely been sent: at a small
+                # SOAK_JOBS every job is sent in the first seconds, before any fault could fire.
+                while not self.stop.is_set() and self._finished() < i:
+                    time.sleep(0.5)
                 self.faulting.clear()
             key = uuid.uuid4().hex
             while not self.stop.is_set():  # the same Idempotency-Key on every retry: never two jobs for one create
@@ -202,6 +208,16 @@ class Soak:
                 info["archive"] = {"members": len(names), "unique": len(set(names)), "completed": len(completed),
                                    "expired": sum(1 for line in manifest if line.get("status") == "expired")}
 
+    def _finished(self) -> int:
+        """Accepted single jobs that have finished (0 while Redis is away)."""
+        try:
+            with self.redis().pipeline(transaction=False) as pipe:
+                for job_id in self.accepted:
+                    pipe.hget(f"h3b:job:{job_id}", "status")
+                return sum(1 for status in pipe.execute() if status in FINISHED_STATUSES)
+        except (redis.RedisError, AttributeError):
+            return 0
+
     def _queued(self) -> int:
         try:
             return int(self.redis().zcard("h3b:queue"))
@@ -278,7 +294,7 @@ def test_soak_jobs_through_the_local_stack_under_kills_and_restarts(tiny_release
         finished: dict[str, str | None] = {}
         items: dict[str, str | None] = {}
         kept = [b for b, info in soak.batches.items() if "delete" not in info["fate"]]
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
             try:
                 r = soak.redis()
