@@ -587,6 +587,38 @@ def _budget(fn, path: Path, wall_ms: float) -> dict:
     return out
 
 
+def _loop_budget(fn, n: int = 6) -> dict:
+    """`n` back-to-back calls under the profiler, as the timed loop runs them: wall (CUDA events around the loop),
+    summed kernel time and GEMM time per call, the idle rest, and the SM clock (NVML) just before and after. If the
+    idle rest is small here while `_budget`'s single forward shows a gap, the gap is kernels running slower in the
+    loop (clock state), not time between kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    out: dict = {"n": n}
+    try:
+        out["sm_mhz_before"] = torch.cuda.clock_rate()
+    except Exception as exc:  # noqa: BLE001 - NVML may be missing; the times still stand
+        out["clock_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        end.synchronize()
+    if "clock_error" not in out:
+        out["sm_mhz_after"] = torch.cuda.clock_rate()
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    kernels = sum(e.self_device_time_total for e in events) / 1e3
+    gemm = sum(e.self_device_time_total for e in events if _is_gemm(e.key)) / 1e3
+    wall = start.elapsed_time(end)
+    out.update(wall_ms_per_call=wall / n, kernel_ms_per_call=kernels / n, gemm_ms_per_call=gemm / n,
+               idle_ms_per_call=(wall - kernels) / n)
+    return out
+
+
 def part_fp8(res: dict, layout, plan, out_dir: Path, dump) -> None:
     """The block (c) on the shipped VSA dispatch in bf16 and with H3BATCH_PRECISION=fp8's linears (worker/h3/
     precision.py), same weights and input: ms, per-block budget (linears / attention / quant / glue / gaps), output
@@ -620,7 +652,8 @@ def part_fp8(res: dict, layout, plan, out_dir: Path, dump) -> None:
             quantize_block_(block)
         first = first_call_s(run)
         ms = time_ms(run, reps=7, warmup=1)
-        entry = {"first_call_s": first, "ms": ms, "budget": _budget(run, out_dir / f"profile_fp8_part_{name}.txt", ms)}
+        entry = {"first_call_s": first, "ms": ms, "budget": _budget(run, out_dir / f"profile_fp8_part_{name}.txt", ms),
+                 "loop_budget": _loop_budget(run)}
         if name == "fp8":
             got = run().float()
             entry["rel_fro_vs_bf16"] = ((got - ref).norm() / ref.norm()).item()
@@ -628,7 +661,8 @@ def part_fp8(res: dict, layout, plan, out_dir: Path, dump) -> None:
             entry["finite"] = bool(torch.isfinite(got).all())
             entry["speedup_vs_bf16"] = out["bf16"]["ms"] / ms
         out[name] = entry
-        print("fp8 part", name, {k: v for k, v in entry.items() if k != "budget"}, flush=True)
+        print("fp8 part", name, {k: v for k, v in entry.items() if k not in ("budget", "loop_budget")}, flush=True)
+        print("  loop budget", entry["loop_budget"], flush=True)
         print("  budget", {k: (round(v, 3) if isinstance(v, float) else None) for k, v in entry["budget"].items()
                            if k != "glue_kernels"}, flush=True)
         dump()
