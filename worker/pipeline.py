@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # transformers is imported by `load` only: rank-group ranks o
 log = logging.getLogger("h3batch.pipeline")
 
 STAGES = ("text_encode", "denoise", "decode", "mux")
+"""Render stages in order; `denoise` reports steps 1..8."""
 WARM_UP_DIT_BLOCKS = 1
 """DiT blocks the warm-up step runs: the 50 blocks have one shape, so the first compiles and loads every kernel the
 others use (FlexAttention / VSA, the fused ops, the fp8 quantizer); the other 49 would only add ~3 s of arithmetic
@@ -55,7 +56,6 @@ to worker start (issue 25's warm-start goal)."""
 WARM_UP_DECODE_CHUNKS = 2
 """Temporal chunks the warm-up decodes: every chunk of a 5n+2-latent-frame clip has one shape (7 latent frames, the
 same tiles), so the first two (the first, and one after a cross-fade) compile what the rest would only repeat."""
-"""Render stages in order; `denoise` reports steps 1..8."""
 
 ProgressFn = Callable[[str, int, int], None]
 """on_progress(stage, step, total): step/total count denoise forwards; other stages report (0, 0) on entry."""

@@ -120,6 +120,7 @@ class RankGroupPipeline:
         self.provenance = ready.get("provenance", {})
         self.canvas = ready.get("canvas")
         self.memory_plan = ready.get("memory_plan")  # rank 0's plan for the whole group (worker/h3/memory_plan.py)
+        self.precision = spec.precision  # H3BATCH_PRECISION, applied by every rank at load
         self._processes = processes
         self._commands = commands
         self._events = events
