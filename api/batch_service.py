@@ -209,8 +209,7 @@ def create(caller: Caller, sub: Submission, *, max_batch: int, max_prompt_chars:
     keyed = bool(caller.owner)  # an open API (no keys) has no key to count by: the queue cap alone applies
     limits = batches.Admission(max_queued=caller.max_queued,
                                max_active_per_key=caller.max_active_per_key if keyed else 0,
-                               creates_per_min=caller.creates_per_min if keyed else 0,
-                               paid_at_door=1 if keyed and caller.creates_per_min else 0)
+                               creates_per_min=caller.creates_per_min if keyed else 0)
     try:
         batch_id = batches.create_batch(caller.r, caller.owner, items, metadata=sub.metadata,
                                         skipped=refused, webhook_url=sub.webhook_url, limits=limits)

@@ -101,7 +101,7 @@ class Caller:
     max_active_per_key: int = 0
     """H3BATCH_MAX_ACTIVE_PER_KEY; applies only to a keyed caller (an open API has no key to count by)."""
     creates_per_min: int = 0
-    """The `creates` bucket's quota (0: off); a batch spends one token per item beyond the one taken at the door."""
+    """The `creates` bucket's quota (0: off); a batch spends one token per item when it is admitted."""
     store: ArtifactStore | None = None
     """Where finished MP4s live (H3BATCH_ARTIFACT_STORE); None: the local `artifacts_dir`."""
 

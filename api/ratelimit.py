@@ -1,7 +1,7 @@
 """Per-API-key rate limits: a token bucket in Redis per key and bucket (creates, reads) → 429 `rate_limited`.
 
-Two buckets per key (spec §1 row 15): `creates` (POST /jobs, POST /v1/videos[/sync], POST /batches: one token per
-job, a batch's items included) and `reads` (every other authenticated request). A bucket holds up to one minute's quota and refills continuously; a request takes one token
+Two buckets per key (spec §1 row 15): `creates` (POST /jobs, POST /v1/videos[/sync]; a batch's items, one token
+each, when the batch is admitted) and `reads` (every other authenticated request). A bucket holds up to one minute's quota and refills continuously; a request takes one token
 or is answered 429 with `Retry-After` (whole seconds until a token is back) and, on every limited route, the
 `RateLimit-Policy` / `RateLimit` headers of draft-ietf-httpapi-ratelimit-headers-10
 (`"creates";q=60;w=60` and `"creates";r=<tokens left>;t=<seconds until full>`).
@@ -29,9 +29,11 @@ from h3batch.core import keys, rate_bucket
 
 log = logging.getLogger("h3batch.api")
 
-CREATE_PATHS = frozenset({"/jobs", "/v1/videos", "/v1/videos/sync", "/batches"})
-"""POSTs to these paths spend the `creates` bucket, one token here; a batch of N items spends the other N - 1 in the
-script that admits it (core/batches.py), so it costs what N single jobs do. Everything else spends `reads`."""
+CREATE_PATHS = frozenset({"/jobs", "/v1/videos", "/v1/videos/sync"})
+"""POSTs to these paths spend one token of the `creates` bucket here. Everything else spends `reads`, POST /batches
+included: a batch of N items spends N `creates` tokens in the script that admits it (core/batches.py), so it costs
+what N single jobs do, and a batch refused by any limit (or by validation) spends none of them: concurrent batches of
+one key cannot starve each other by each taking a token at the door."""
 
 _EXTENSION_KEY = "h3batch.rate_limits"
 

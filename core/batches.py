@@ -81,9 +81,8 @@ class Admission:
     max_active_per_key: int = 0
     """H3BATCH_MAX_ACTIVE_PER_KEY: the owner's queued + running jobs after this batch may not pass it."""
     creates_per_min: int = 0
-    """The owner's `creates` bucket (H3BATCH_RATE_CREATES_PER_MIN); 0 when rate limits are off (or no API keys)."""
-    paid_at_door: int = 0
-    """Tokens this request already spent at the door (api/ratelimit.py takes one per POST)."""
+    """The owner's `creates` bucket (H3BATCH_RATE_CREATES_PER_MIN): one token per item; 0 when rate limits are off
+    (or there are no API keys)."""
 
 
 class Refused(Exception):
@@ -174,8 +173,7 @@ def create_batch(r: redis.Redis, owner: str, items: list[Item], *, metadata: dic
             record["custom_id"] = item.custom_id
         pairs = [x for pair in store._encode(record).items() for x in pair]
         argv += [job_id, json.dumps([job_id, item.index, item.custom_id or ""]), len(pairs), *pairs]
-    cost = max(0, len(items) - limits.paid_at_door)
-    need = max(0, min(len(items), limits.creates_per_min) - limits.paid_at_door)
+    cost, need = len(items), min(len(items), limits.creates_per_min)
     found = r.eval(_ADMIT, 15, keys.BACKLOG, keys.SEQ, keys.JOBS_INDEX, keys.owner_jobs(owner),
                    keys.owner_status(owner, JobStatus.QUEUED.value),
                    keys.owner_status(owner, JobStatus.IN_PROGRESS.value), keys.batch(batch_id),

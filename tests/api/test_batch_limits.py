@@ -26,10 +26,14 @@ RSS_BAR_MB = 300
 """The issue's bar for the API process under 8 concurrent hostile 15 MiB bodies."""
 
 
+KEY_C = "limits-key-charlie-3"
+
+
 def _api(tmp_path_factory, name: str, **env: str):
     proc, url = start_redis(tmp_path_factory.mktemp(f"{name}-redis"))
     server = ApiProcess(service_env(url, tmp_path_factory.mktemp(f"{name}-artifacts"),
-                                    H3BATCH_API_KEYS=f"{KEY_A},{KEY_B}", H3BATCH_RATE_READS_PER_MIN="100000", **env),
+                                    H3BATCH_API_KEYS=f"{KEY_A},{KEY_B},{KEY_C}", H3BATCH_RATE_READS_PER_MIN="100000",
+                                    **env),
                         tmp_path_factory.mktemp(f"{name}-api") / "api.log")
     server.start()
     return server, proc, redis.Redis.from_url(url, decode_responses=True)
@@ -132,6 +136,12 @@ def test_batch_items_spend_the_create_rate_limit(rated):
     assert again.status_code == 429 and error["code"] == "rate_limited", again.text
     assert "H3BATCH_RATE_CREATES_PER_MIN" in error["message"] and int(again.headers["Retry-After"]) >= 1
     assert _jobs_of(rc, KEY_B) == 2  # all or none: the refused batch wrote nothing
+    # concurrent batches of one key on a full bucket: one is admitted (a refused one spends no create token, so they
+    # cannot starve each other)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        replies = list(pool.map(lambda _: _batch(server.base, 5, KEY_C), range(4)))
+    assert sorted(r.status_code for r in replies) == [202, 429, 429, 429], [r.text for r in replies]
+    assert _jobs_of(rc, KEY_C) == 5
 
 
 def _worker_pid(server: ApiProcess) -> int:

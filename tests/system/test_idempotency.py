@@ -81,7 +81,7 @@ def test_a_key_whose_job_was_deleted_creates_afresh(keyed_stack):
     with another body is still 422; on /v1/videos alike. Concurrent replays after the delete create exactly one."""
     base, idem = keyed_stack.api.base, "gone-" + secrets.token_hex(8)
     first = _post(base, KEY_A, idem).json()["id"]
-    assert requests.delete(f"{base}/jobs/{first}", headers=bearer(KEY_A), timeout=30).status_code == 200
+    assert requests.delete(f"{base}/jobs/{first}", headers=bearer(KEY_A), timeout=30).status_code == 204
     assert _post(base, KEY_A, idem, {**BODY, "seed": 43}).status_code == 422
     with ThreadPoolExecutor(max_workers=8) as pool:
         replies = list(pool.map(lambda _: _post(base, KEY_A, idem), range(8)))
@@ -93,7 +93,7 @@ def test_a_key_whose_job_was_deleted_creates_afresh(keyed_stack):
     video = {"prompt": "a gong", "size": "128x64", "seconds": "4"}
     headers = {**bearer(KEY_A), "Idempotency-Key": "v1-" + idem}
     made = requests.post(f"{base}/v1/videos", json=video, headers=headers, timeout=30).json()["id"]
-    assert requests.delete(f"{base}/v1/videos/{made}", headers=bearer(KEY_A), timeout=30).status_code == 200
+    assert requests.delete(f"{base}/v1/videos/{made}", headers=bearer(KEY_A), timeout=30).ok
     remade = requests.post(f"{base}/v1/videos", json=video, headers=headers, timeout=30)
     assert remade.status_code == 202 and remade.json()["id"] != made and "Idempotent-Replayed" not in remade.headers
 
