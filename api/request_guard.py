@@ -6,7 +6,7 @@ repeated parameter is 400 `invalid_request` naming it, which is what the OpenAPI
 each parameter a single type, and Schemathesis sends repeats as arrays to check that they are refused).
 
 Every request body (POST, PUT, PATCH) is read here, chunk by chunk, through api/json_budget.py's scanner before any
-view parses it: one nested deeper than MAX_DEPTH or holding more tokens than the app's budget (from H3BATCH_MAX_BATCH)
+view parses it (a multipart body only on /batches, whose file is JSONL; elsewhere parts may be binary): one nested deeper than MAX_DEPTH or holding more tokens than the app's budget (from H3BATCH_MAX_BATCH)
 is 422 `json_too_complex` naming the limit, decided on its first chunks; the rest is read and dropped, so a hostile
 15 MiB body costs the process one chunk, not the ~400 MB `json.loads` would build (issue 26 item 2). What passes is
 handed on as the request's input stream. A body over the request's limit (MAX_CONTENT_LENGTH, or the batch route's
@@ -58,6 +58,8 @@ def _bounded_body() -> None:
         return  # werkzeug answers 413 without reading when a view asks for the body
     stream = request.environ["wsgi.input"]
     budget = JsonBudget(max_tokens(int(current_app.config.get("MAX_BATCH", defaults.MAX_BATCH))))
+    # a multipart body elsewhere may carry binary parts (not JSON); within 64 KiB its JSON text cannot cost much
+    scan = request.mimetype != "multipart/form-data" or request.path.rstrip("/") == "/batches"
     parts: list[bytes] = []
     got = 0
     while length is None or got < length:
@@ -68,7 +70,8 @@ def _bounded_body() -> None:
         if limit is not None and got > limit:
             raise RequestEntityTooLarge()
         try:
-            budget.feed(chunk)
+            if scan:
+                budget.feed(chunk)
         except TooComplex as exc:
             _drop_rest(stream, length, got, limit)
             raise ApiError(422, "json_too_complex", budget.describe(exc)) from None
