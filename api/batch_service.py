@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable
 
 from h3batch.api import idempotency, job_service
+from h3batch.api.archive_names import member_names
 from h3batch.api.errors import ApiError
 from h3batch.api.job_service import Caller, FieldError
+from h3batch.api.json_budget import JsonBudget, TooComplex, max_tokens
 from h3batch.api.jobs import JOBS
 from h3batch.api.zipstream import Member, ZipLayout, file_crc32
 from h3batch.core import batches, capacity, defaults, jsonl
@@ -85,7 +87,8 @@ def from_json(body: Any) -> Submission:
     return Submission([(n, item) for n, item in enumerate(requests, start=1)], metadata, on_invalid, webhook_url)
 
 
-def from_jsonl(data: bytes, metadata: str | None, on_invalid: str | None, webhook_url: str | None) -> Submission:
+def from_jsonl(data: bytes, metadata: str | None, on_invalid: str | None, webhook_url: str | None, *,
+               max_batch: int = defaults.MAX_BATCH) -> Submission:
     """A JSONL upload: one job request per non-blank line (blank lines are skipped, numbers stay those of the file);
     `metadata` is a JSON string. A line that is not JSON becomes a refused line, like any other."""
     try:
@@ -98,7 +101,13 @@ def from_jsonl(data: bytes, metadata: str | None, on_invalid: str | None, webhoo
         raise ApiError(400, "invalid_request", "metadata: expected a JSON object") from None
     meta, on_invalid, webhook_url = _options(meta, on_invalid or None, webhook_url or None)
     lines: list[tuple[int, Any]] = []
+    budget = JsonBudget(max_tokens(max_batch))  # the line split exactly as parsed: what the body scan cannot see
     for n, raw in jsonl.numbered_lines(text):  # the one line rule the CLI reads by too (core/jsonl.py)
+        try:
+            budget.feed(raw.encode())
+        except TooComplex as exc:
+            raise ApiError(422, "json_too_complex", budget.describe(exc)) from None
+        budget.end_line()
         try:
             lines.append((n, json.loads(raw)))
         except (ValueError, RecursionError) as exc:
@@ -113,10 +122,12 @@ class _NotJson:
 
 def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_chars: int,
              canvas: str | None) -> tuple[list[batches.Item], list[dict[str, Any]], dict[str, Any]]:
-    """(items, refused lines, canonical form for the idempotency fingerprint). 400 when the count is out of range."""
-    if not 1 <= len(sub.lines) <= max_batch:
+    """(items, refused lines, canonical form for the idempotency fingerprint). 400 when the count is out of range
+    (largest_batch: H3BATCH_MAX_BATCH, or a smaller queue or per-key cap, named in the message)."""
+    most, bound = largest_batch(caller, max_batch)
+    if not 1 <= len(sub.lines) <= most:
         code = "batch_too_large" if sub.lines else "invalid_request"
-        raise ApiError(400, code, f"requests: expected 1..{max_batch} job requests, found {len(sub.lines)}")
+        raise ApiError(400, code, f"requests: expected 1..{most} job requests ({bound}), found {len(sub.lines)}")
     if sub.webhook_url is not None:
         caller.vet_webhook_url(sub.webhook_url)  # the batch's own: 400/422 for the whole submission
     items: list[batches.Item] = []
@@ -185,16 +196,25 @@ def create(caller: Caller, sub: Submission, *, max_batch: int, max_prompt_chars:
         raise ApiError(422, "invalid_batch", f"{len(refused)} of {len(sub.lines)} lines refused{more}; nothing was "
                                              f"queued" + ("" if items else " (no line passed)"), False, None, shown)
     held = None
-    if idempotency_key is not None:
-        held = idempotency.claim(caller.r, caller.owner, idempotency_key, idempotency.fingerprint(form))
-        if held.job_id is not None:
-            batch = batches.load_batch(caller.r, held.job_id)
-            if batch is None:
-                raise ApiError(404, "batch_not_found", f"the batch {held.job_id} this Idempotency-Key created is gone")
+    while idempotency_key is not None:  # a key whose batch is gone creates afresh (api/idempotency.py)
+        held = idempotency.claim(caller.r, caller.owner, idempotency_key, idempotency.fingerprint(form),
+                                 exists=lambda batch_id: batches.load_batch(caller.r, batch_id) is not None)
+        if held.job_id is None:
+            break
+        batch = batches.load_batch(caller.r, held.job_id)
+        if batch is not None:
             return batch, True
+    keyed = bool(caller.owner)  # an open API (no keys) has no key to count by: the queue cap alone applies
+    limits = batches.Admission(max_queued=caller.max_queued,
+                               max_active_per_key=caller.max_active_per_key if keyed else 0,
+                               creates_per_min=caller.creates_per_min if keyed else 0)
     try:
         batch_id = batches.create_batch(caller.r, caller.owner, items, metadata=sub.metadata,
-                                        skipped=refused, webhook_url=sub.webhook_url)
+                                        skipped=refused, webhook_url=sub.webhook_url, limits=limits)
+    except batches.Refused as exc:
+        if held is not None:
+            idempotency.release(caller.r, held)
+        raise _refusal(caller, exc, len(items)) from None
     except BaseException:
         if held is not None:
             idempotency.release(caller.r, held)
@@ -207,11 +227,34 @@ def create(caller: Caller, sub: Submission, *, max_batch: int, max_prompt_chars:
     return batches.load_batch(caller.r, batch_id), False  # type: ignore[return-value]
 
 
+def _refusal(caller: Caller, exc: batches.Refused, asked: int) -> ApiError:
+    """The answer to a batch its limits refused (nothing was written): the same codes a single job gets."""
+    if exc.limit == "queue_full":
+        return job_service.queue_full(caller, asked)
+    if exc.limit == "too_many_active_jobs":
+        return job_service.too_many_active(caller, asked)
+    need = min(asked, caller.creates_per_min)
+    return ApiError(429, "rate_limited", f"this batch of {asked} jobs spends {asked} create tokens (one per job) and "
+                                         f"needs {need} in this API key's bucket of {caller.creates_per_min} per "
+                                         f"minute (H3BATCH_RATE_CREATES_PER_MIN; a batch larger than the bucket "
+                                         f"needs it full); retry in {exc.retry_after_s} s", True,
+                    {"Retry-After": str(exc.retry_after_s)})
+
+
+def largest_batch(caller: Caller, max_batch: int) -> tuple[int, str]:
+    """(most items one batch may carry for this caller, the setting that bounds it): H3BATCH_MAX_BATCH, but never
+    more than the queue or the key's active-job cap could ever admit (a larger one would be refused for ever)."""
+    bounds = [(max_batch, "H3BATCH_MAX_BATCH"), (caller.max_queued, "H3BATCH_MAX_QUEUED")]
+    if caller.owner and caller.max_active_per_key:
+        bounds.append((caller.max_active_per_key, "H3BATCH_MAX_ACTIVE_PER_KEY"))
+    return min(bounds)
+
+
 def owned(caller: Caller, batch_id: str) -> dict[str, Any]:
     """The caller's batch. 404 batch_not_found when absent or another key's."""
     batch = batches.load_batch(caller.r, batch_id) if batch_id.startswith("batch_") else None
     if batch is None or batch.get("owner", "") != caller.owner:
-        raise ApiError(404, "batch_not_found", f"no batch with id {batch_id[:80]!r}")
+        raise _gone(batch_id)
     return batch
 
 
@@ -223,6 +266,8 @@ def _records(caller: Caller, batch: dict[str, Any]) -> tuple[list[tuple[str, int
 def view(caller: Caller, batch: dict[str, Any]) -> dict[str, Any]:
     """The batch object (stamping it finished first when every item is, e.g. after cancels through /jobs)."""
     entries, records = _records(caller, batch)
+    if len(entries) != batch["total"] and batches.load_batch(caller.r, batch["id"]) is None:
+        raise _gone(batch["id"])  # deleted while this request read it
     shown = batches.summary(batch, records, workers=batches.ready_workers(caller.r))
     if batch["finished_at"] is None and shown["status"] in ("completed", "cancelled"):
         batches.check_finished(caller.r, batch["id"], record_ttl_s=caller.result_ttl_s + defaults.RECORD_GRACE_S)
@@ -240,7 +285,13 @@ def list_page(caller: Caller, *, limit: int, after: str | None) -> dict[str, Any
         found, has_more = batches.list_batches(caller.r, caller.owner, limit=limit, after=after)
     except store.BadCursor as exc:
         raise ApiError(400, "invalid_cursor", str(exc)) from None
-    data = [view(caller, batch) for batch in found]
+    data = []
+    for batch in found:
+        try:
+            data.append(view(caller, batch))
+        except ApiError as exc:
+            if exc.status != 404:
+                raise  # a batch deleted while the page was read is left out, as if listed a moment later
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": has_more}
 
@@ -257,19 +308,33 @@ def results(caller: Caller, batch: dict[str, Any]) -> list[dict[str, Any]]:
     return lines
 
 
+def _gone(batch_id: str) -> ApiError:
+    return ApiError(404, "batch_not_found", f"no batch with id {batch_id[:80]!r}")
+
+
 def cancel(caller: Caller, batch: dict[str, Any]) -> dict[str, Any]:
-    """Cancel what has not finished. 409 batch_already_finished."""
-    if batch["finished_at"] is not None:
-        raise ApiError(409, "batch_already_finished", f"batch {batch['id']} is already {batch.get('status')}", False,
+    """Cancel what has not finished. 404 when it was deleted meanwhile; 409 batch_already_finished."""
+    outcome = batches.cancel(caller.r, batch["id"], record_ttl_s=caller.result_ttl_s)
+    if outcome is batches.CancelOutcome.GONE:
+        raise _gone(batch["id"])
+    if outcome is batches.CancelOutcome.FINISHED:
+        status = (batches.load_batch(caller.r, batch["id"]) or batch).get("status")
+        raise ApiError(409, "batch_already_finished", f"batch {batch['id']} is already {status}", False,
                        job_service.NO_RETRY)
-    batches.cancel(caller.r, batch["id"], record_ttl_s=caller.result_ttl_s)
     log.info("batch cancel requested", extra={"job_id": batch["id"]})
-    return view(caller, batches.load_batch(caller.r, batch["id"]) or batch)
+    now = batches.load_batch(caller.r, batch["id"])
+    if now is None:
+        raise _gone(batch["id"])  # deleted right after the cancel: answer as a cancel after the delete would
+    return view(caller, now)
 
 
 def delete(caller: Caller, batch: dict[str, Any]) -> None:
-    """Remove the batch, its jobs (running ones stop at their next step) and their files."""
-    for job_id in batches.delete(caller.r, batch["id"]):
+    """Remove the batch, its jobs (running ones stop at their next step) and their files. 404 when a concurrent
+    DELETE removed it first."""
+    job_ids = batches.delete(caller.r, batch["id"], caller.owner)
+    if job_ids is None:
+        raise _gone(batch["id"])
+    for job_id in job_ids:
         job_service._remove_artifacts(caller, job_id)
     log.info("batch deleted", extra={"job_id": batch["id"]})
 
@@ -288,24 +353,10 @@ def item_file(caller: Caller, job_id: str) -> tuple[dict[str, Any], int, Callabl
     return record, found.size, lambda: store.reader(found.key, found.size)
 
 
-def _names(lines: list[dict[str, Any]]) -> dict[int, str]:
-    """Archive member name per item index: `<custom_id>.mp4`, else the zero-padded index (at least 4 digits);
-    a custom_id that equals another item's padded index gets `-<index>` added."""
-    width = max(4, len(str(max((line["index"] for line in lines), default=0))))
-    names, taken = {}, set()
-    for line in lines:
-        name = f"{line['custom_id'] or str(line['index']).zfill(width)}.mp4"
-        if name in taken:
-            name = f"{name[:-4]}-{line['index']}.mp4"
-        taken.add(name)
-        names[line["index"]] = name
-    return names
-
-
 def archive(caller: Caller, batch: dict[str, Any]) -> tuple[ZipLayout, str]:
-    """(layout, ETag) of the finished batch's zip: `manifest.jsonl` (the results lines), then each completed
-    item's MP4. 409 batch_not_finished while items are still queued or running (the member list must not change
-    between two ranges of one download)."""
+    """(layout, ETag) of the finished batch's zip: `manifest.jsonl` (the results lines, each with the `file` it
+    is stored as, api/archive_names.py), then each completed item's MP4. 409 batch_not_finished while items are
+    still queued or running (the member list must not change between two ranges of one download)."""
     if batch["finished_at"] is None:
         view(caller, batch)  # stamps it when every item has finished meanwhile
         batch = batches.load_batch(caller.r, batch["id"]) or batch
@@ -313,13 +364,13 @@ def archive(caller: Caller, batch: dict[str, Any]) -> tuple[ZipLayout, str]:
         raise ApiError(409, "batch_not_finished", f"batch {batch['id']} is still running; its archive exists once "
                                                   f"every item has finished", True)
     lines = results(caller, batch)
-    manifest = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
-    names = _names(lines)
+    names = member_names((line["index"], line["custom_id"]) for line in lines)
     known = batches.known_crcs(caller.r, batch["id"])
-    members = [Member("manifest.jsonl", len(manifest), data=manifest)]
+    files: list[Member] = []
     job_of: dict[str, str] = {}
-    digest = hashlib.sha256(manifest)
+    fingerprint: list[str] = []
     for line in lines:
+        line["file"] = None
         if line["status"] != JobStatus.COMPLETED.value:
             continue
         found = item_file(caller, line["job_id"])
@@ -327,10 +378,16 @@ def archive(caller: Caller, batch: dict[str, Any]) -> tuple[ZipLayout, str]:
             continue
         record, size, opener = found
         crc, crc_size = known.get(line["job_id"], (None, -1))
-        name = names[line["index"]]
-        members.append(Member(name, size, open=opener, crc32=crc if crc_size == size else None))
+        name = line["file"] = names[line["index"]]
+        files.append(Member(name, size, open=opener, crc32=crc if crc_size == size else None))
         job_of[name] = line["job_id"]
-        digest.update(f"{name}\0{size}\0{record.get('sha256') or ''}\0".encode())
+        fingerprint.append(f"{name}\0{size}\0{record.get('sha256') or ''}\0")
+    # the manifest names each item's member (`file`, null when the zip has none for it): a client checks by it
+    manifest = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
+    members = [Member("manifest.jsonl", len(manifest), data=manifest), *files]
+    digest = hashlib.sha256(manifest)
+    for text in fingerprint:
+        digest.update(text.encode())
 
     def crc_of(member: Member) -> int:
         assert member.open is not None

@@ -40,7 +40,8 @@ def _submission() -> batch_service.Submission:
         if upload is None:
             raise ApiError(400, "invalid_request", "file: expected a JSONL file part (one job request per line)")
         return batch_service.from_jsonl(upload.read(), request.form.get("metadata"), request.form.get("on_invalid"),
-                                        request.form.get("webhook_url"))
+                                        request.form.get("webhook_url"),
+                                        max_batch=int(current_app.config.get("MAX_BATCH", defaults.MAX_BATCH)))
     return batch_service.from_json(request.get_json(force=True, silent=True))
 
 

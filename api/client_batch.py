@@ -21,7 +21,8 @@ each item's `file`.
 Exit codes: 0 every item completed and its MP4 is in the out-dir; 1 the batch finished with at least one item that
 did not (failed, cancelled, or expired / deleted on the server before it was fetched), or the batch was cancelled:
 the completed items are still saved, and each other item is one line on stderr
-(`item INDEX [custom_id]: STATUS (code: message)`); 2 a bad file or argument, a request the API
+(`item INDEX [custom_id]: STATUS (code: message)`), as is a completed item whose file the archive did not deliver
+(every completed item's name is checked after unzipping: `item INDEX [custom_id]: completed, but ...`); 2 a bad file or argument, a request the API
 refused (a 422 invalid_batch: one line per refused line, with the file's line numbers, then the server's summary),
 an unreachable API, or an out-dir that belongs to another batch; 130 interrupted (Ctrl-C or SIGTERM):
 the batch keeps running on the server and the same command resumes it.
@@ -39,6 +40,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from h3batch.api.archive_names import member_names
 from h3batch.api.client_http import (BatchRefused, Client, CliError, NotFound, detail_text, partial_path,
                                      writable_dir)
 from h3batch.core import jsonl
@@ -166,21 +168,32 @@ def have_file(out_dir: Path, state: dict, name: str) -> bool:
 # --- naming and unzipping ---------------------------------------------------------------------------------------------
 
 def item_names(results: list[dict]) -> dict[int, str]:
-    """File name per item index, as the archive names its members: `<custom_id>.mp4`, else the input index
-    zero-padded to at least 4 digits (`0002.mp4`); a name already taken gets `-<index>` added."""
-    width = max(4, len(str(max((int(r["index"]) for r in results), default=0))))
-    names: dict[int, str] = {}
-    taken: set[str] = set()
+    """File name per item index, as the archive names its members (api/archive_names.py: `<custom_id>.mp4`, else
+    the input index zero-padded to at least 4 digits, `0002.mp4`; a name already taken gets `~<index>`)."""
+    return member_names((int(r["index"]), r.get("custom_id") or None) for r in results)
+
+
+def missing_files(results: list[dict], members: list[str], out_dir: Path, state: dict) -> list[str]:
+    """One line per completed item whose file the archive did not deliver into out_dir (absent from the zip, the
+    zip holding its name twice, or not on disk afterwards): the run must not end as if every clip arrived."""
+    names = item_names(results)
+    twice = {name for name in members if members.count(name) > 1}
+    out = []
     for result in results:
-        index = int(result["index"])
-        custom_id = result.get("custom_id")
-        stem = custom_id if custom_id and custom_id_problem(custom_id) is None else str(index).zfill(width)
-        name = f"{stem}.mp4"
-        if name in taken:
-            name = f"{stem}-{index}.mp4"
-        taken.add(name)
-        names[index] = name
-    return names
+        if result.get("status") != "completed":
+            continue
+        name = names[int(result["index"])]
+        tag = f" [{result['custom_id']}]" if result.get("custom_id") else ""
+        if name in twice:
+            why = f"the archive holds {name} more than once"
+        elif name not in members:
+            why = f"{name} is not in the archive"
+        elif not have_file(out_dir, state, name):
+            why = f"{name} was not written to {out_dir}"
+        else:
+            continue
+        out.append(f"item {result.get('index')}{tag}: completed, but {why}")
+    return out
 
 
 def safe_member(name: str) -> bool:
@@ -347,15 +360,17 @@ class ItemDownloader:
 
 
 def download_archive(client: Client, batch: dict, results: list[dict], out_dir: Path, state: dict,
-                     bar: BatchBar) -> tuple[int, int]:
-    """Fetch (or continue) the archive and unzip what is missing. Returns (archive bytes, resumed-from byte)."""
+                     bar: BatchBar) -> tuple[int, int, list[str]]:
+    """Fetch (or continue) the archive, unzip what is missing and check every completed item's file arrived.
+    Returns (archive bytes, resumed-from byte, one line per completed item whose file did not: missing_files)."""
     done_ids = sorted(r.get("job_id") or "" for r in results if r.get("status") == "completed")
     extracted = state.get("archive")
     if (extracted and extracted.get("job_ids") == done_ids
             and all(have_file(out_dir, state, name) for name in extracted.get("members", []))):
-        return 0, 0  # an earlier run unzipped this very set of items; every file is still here
+        # an earlier run unzipped this very set of items; every file is still here
+        return 0, 0, missing_files(results, extracted.get("members", []), out_dir, state)
     if not done_ids:
-        return 0, 0
+        return 0, 0, []
     archive = out_dir / f"{batch['id']}.zip"  # accumulates as .batch_<id>.zip.partial; removed once unzipped
     got = [0]
     partial = partial_path(archive)
@@ -371,7 +386,7 @@ def download_archive(client: Client, batch: dict, results: list[dict], out_dir: 
     state["archive"] = {"job_ids": done_ids, "members": members}
     save_state(out_dir, state)
     archive.unlink(missing_ok=True)
-    return size, resumed_from
+    return size, resumed_from, missing_files(results, members, out_dir, state)
 
 
 def write_manifest(out_dir: Path, results: list[dict]) -> None:
@@ -437,13 +452,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         bar = BatchBar(not args.no_progress, batch["id"])
         downloader = ItemDownloader(client, out_dir, state, bar) if args.no_archive else None
         batch = follow(client, batch, bar, args.poll, args.timeout, downloader)
+        missing: list[str] = []
         if downloader is not None:
             results = downloader.results
             write_manifest(out_dir, results)
             note = f"{sum(1 for r in results if r.get('status') == 'completed')} files"
         else:
             results = client.batch_results(batch)
-            size, resumed_from = download_archive(client, batch, results, out_dir, state, bar)
+            size, resumed_from, missing = download_archive(client, batch, results, out_dir, state, bar)
             if size:
                 note = f"archive {size} bytes" + (f", resumed at byte {resumed_from}" if resumed_from else "")
             elif any(r.get("status") == "completed" for r in results):
@@ -451,7 +467,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             else:
                 note = "nothing to download"
         bar.close()
-        failures = failure_lines(results)
+        failures = failure_lines(results) + missing
         for line in failures:
             print(f"{PROG}: {line}", file=sys.stderr)
         counts = batch.get("counts") or {}

@@ -6,11 +6,20 @@ while the first request is still being handled is 409 `idempotency_key_in_use` w
 
 State per key is one Redis string, `h3b:idem:{owner}:{sha256(key)}` = JSON `{"fingerprint", "job_id"}`, claimed
 with SET NX (so of N concurrent identical requests exactly one creates the job) and given its job id afterwards.
+
+After the job or batch is gone (its owner deleted it, or its record expired), the key is free again: a replay is
+handled as a first request and creates afresh (202, no `Idempotent-Replayed`). Why: the key guards against a second
+*live* resource from one create; once the first is gone there is nothing to duplicate, and the owner who deleted it
+has seen its answer. Answering 404 to a POST for the rest of the day (as before, issue 26 item 10) blocked a
+deliberate re-submission, e.g. `h3batch submit --file` re-run into the same out-dir, whose key is derived from the
+file. The takeover is a compare-and-set on the stored value, so of N concurrent replays exactly one creates; a replay
+with another body is still 422 `idempotency_key_reused`. docs/api.md "Idempotency".
 """
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,15 +63,23 @@ def fingerprint(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def claim(r: redis.Redis, owner: str, key: str, body_fingerprint: str) -> Claim:
-    """Take the key for this request, or find the job it already made. Raises 409 in use / 422 reused."""
+# Take over a key whose value is still `ARGV[1]` (the replay read it and found its job gone). KEYS: the key.
+# ARGV: value read, this request's in-flight value, in-flight TTL.
+_TAKE_OVER = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('set', KEYS[1], ARGV[2], 'EX', " \
+             "ARGV[3]) and 1 else return 0 end"
+
+
+def claim(r: redis.Redis, owner: str, key: str, body_fingerprint: str, exists: Callable[[str], bool]) -> Claim:
+    """Take the key for this request, or find the job (or batch) it already made; `exists(id)` says whether that
+    one is still there (a key whose resource is gone is taken over: see the module docstring). Raises 409 in use /
+    422 reused."""
     redis_key = keys.idempotency(owner, hashlib.sha256(key.encode()).hexdigest())
     mine = json.dumps({"fingerprint": body_fingerprint, "job_id": None})
     if r.set(redis_key, mine, nx=True, ex=IN_FLIGHT_TTL_S):
         return Claim(redis_key, body_fingerprint, None)
     raw = r.get(redis_key)
     if raw is None:  # expired between SET and GET: take it now
-        return claim(r, owner, key, body_fingerprint)
+        return claim(r, owner, key, body_fingerprint, exists)
     stored = json.loads(raw)
     if stored["fingerprint"] != body_fingerprint:
         raise ApiError(422, "idempotency_key_reused", "Idempotency-Key was already used with a different body",
@@ -70,6 +87,10 @@ def claim(r: redis.Redis, owner: str, key: str, body_fingerprint: str) -> Claim:
     if stored["job_id"] is None:
         raise ApiError(409, "idempotency_key_in_use", "a request with this Idempotency-Key is still being handled",
                        True, {"Retry-After": "1"})
+    if not exists(stored["job_id"]):
+        if r.eval(_TAKE_OVER, 1, redis_key, raw, mine, IN_FLIGHT_TTL_S):
+            return Claim(redis_key, body_fingerprint, None)
+        return claim(r, owner, key, body_fingerprint, exists)  # another replay took it first: read what it left
     return Claim(redis_key, body_fingerprint, stored["job_id"])
 
 

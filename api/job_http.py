@@ -16,6 +16,7 @@ from werkzeug.wsgi import wrap_file
 
 from h3batch.api import conditional, job_service
 from h3batch.api.enqueue import enqueue_render
+from h3batch.api.ratelimit import rate_limits
 from h3batch.api.redis_client import get_redis
 from h3batch.api.webhook_check import vet_webhook_url
 from h3batch.core.artifact_store import ArtifactStore, StoredObject, store_for
@@ -29,6 +30,8 @@ def caller(job_id: str | None = None) -> job_service.Caller:
         g.job_id = job_id
     return job_service.Caller(r=get_redis(), owner=g.owner, artifacts_dir=Path(current_app.config["ARTIFACTS_DIR"]),
                               max_queued=current_app.config["MAX_QUEUED"],
+                              max_active_per_key=current_app.config.get("MAX_ACTIVE_PER_KEY", 0),
+                              creates_per_min=rate_limits().creates_per_min,
                               result_ttl_s=current_app.config["RESULT_TTL_S"], send_render=_send_render,
                               vet_webhook_url=vet_webhook_url, request_id=g.get("request_id"),
                               store=app_store())

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from h3batch.api import idempotency
 from h3batch.api.errors import ApiError
 from h3batch.api.schemas import CreateJob, first_error
-from h3batch.core import capacity, defaults
+from h3batch.core import capacity, defaults, keys
 from h3batch.core import jobs as store
 from h3batch.core.artifact_store import ArtifactStore, LocalStore, StoredObject, StoreUnavailable
 from h3batch.core.geometry import MAX_TEXT_ROWS, RequestGeometry
@@ -98,6 +98,10 @@ class Caller:
     send_render: Callable[[str], None]
     vet_webhook_url: Callable[[str], object]
     request_id: str | None = None
+    max_active_per_key: int = 0
+    """H3BATCH_MAX_ACTIVE_PER_KEY; applies only to a keyed caller (an open API has no key to count by)."""
+    creates_per_min: int = 0
+    """The `creates` bucket's quota (0: off); a batch spends one token per item when it is admitted."""
     store: ArtifactStore | None = None
     """Where finished MP4s live (H3BATCH_ARTIFACT_STORE); None: the local `artifacts_dir`."""
 
@@ -127,16 +131,18 @@ def expire_if_due(caller: Caller, record: dict[str, Any]) -> dict[str, Any]:
 def create_job(caller: Caller, req: CreateJob, words: Vocabulary, idempotency_key: str | None,
                fingerprint: str) -> tuple[dict[str, Any], bool]:
     """Queue a render; returns (record, replayed). With an Idempotency-Key, a retry of a create that already made
-    its job replays it (404 `words.not_found` if that job is gone); 409/422 from idempotency.claim."""
+    its job replays it; one whose job is gone (deleted, expired) creates afresh (api/idempotency.py); 409/422 from
+    idempotency.claim."""
     held = None
-    if idempotency_key is not None:
-        held = idempotency.claim(caller.r, caller.owner, idempotency_key, fingerprint)
-        if held.job_id is not None:
-            record = store.load_job(caller.r, held.job_id)
-            if record is None:
-                raise ApiError(404, words.not_found,
-                               f"the {words.noun} {held.job_id} this Idempotency-Key created is gone")
+    while idempotency_key is not None:
+        held = idempotency.claim(caller.r, caller.owner, idempotency_key, fingerprint,
+                                 exists=lambda job_id: caller.r.exists(keys.job(job_id)) > 0)
+        if held.job_id is None:
+            break
+        record = store.load_job(caller.r, held.job_id)
+        if record is not None:
             return record, True
+        # deleted between the claim's look and this read: claim again, which now takes the key over
     try:
         record = _create_and_enqueue(caller, req, words.api)
     except BaseException:
@@ -150,18 +156,21 @@ def create_job(caller: Caller, req: CreateJob, words: Vocabulary, idempotency_ke
 
 def _create_and_enqueue(caller: Caller, req: CreateJob, api: str) -> dict[str, Any]:
     """Write the queued record, then send its message; a refused message fails the job (never left queued).
-    422 exceeds_worker_capacity, 400/422 webhook_url refused, 503 queue_full or storage_unavailable."""
+    422 exceeds_worker_capacity, 400/422 webhook_url refused, 429 too_many_active_jobs, 503 queue_full or
+    storage_unavailable."""
     check_capacity(caller.r, req)  # before anything is written
     if req.webhook_url is not None:
         caller.vet_webhook_url(req.webhook_url)  # before anything is written
     spec = JobSpec(prompt=req.prompt, seconds=float(req.seconds), width=req.width, height=req.height,
                    seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
                    owner=caller.owner, webhook_url=req.webhook_url, api=api)
-    try:
-        record = store.create_job(caller.r, spec, max_queued=caller.max_queued)  # cap and write in one step
+    try:  # caps and write in one step
+        record = store.create_job(caller.r, spec, max_queued=caller.max_queued,
+                                  max_active_per_key=caller.max_active_per_key if caller.owner else 0)
     except store.QueueFull:
-        raise ApiError(503, "queue_full", f"{caller.max_queued} jobs are queued; retry later", True,
-                       {"Retry-After": str(defaults.QUEUE_FULL_RETRY_AFTER_S)}) from None
+        raise queue_full(caller) from None
+    except store.TooManyActive:
+        raise too_many_active(caller, 1) from None
     try:
         caller.send_render(record["id"])
     except Exception as exc:  # noqa: BLE001  # broker refused the message: the job must not sit queued forever
@@ -175,6 +184,23 @@ def _create_and_enqueue(caller: Caller, req: CreateJob, api: str) -> dict[str, A
     log.info("job created seconds=%s size=%dx%d seed=%d", spec.seconds, spec.width, spec.height, spec.seed,
              extra={"job_id": record["id"], "request_id": caller.request_id})
     return record
+
+
+def queue_full(caller: Caller, asked: int = 1) -> ApiError:
+    """503 queue_full: `asked` more jobs would pass H3BATCH_MAX_QUEUED (batch items count one each)."""
+    what = "this job" if asked == 1 else f"these {asked} jobs"
+    return ApiError(503, "queue_full", f"the queue is full: {what} would pass the {caller.max_queued} queued jobs "
+                                       f"it holds (H3BATCH_MAX_QUEUED, batch items included); retry later", True,
+                    {"Retry-After": str(defaults.QUEUE_FULL_RETRY_AFTER_S)})
+
+
+def too_many_active(caller: Caller, asked: int) -> ApiError:
+    """429 too_many_active_jobs: `asked` more jobs would pass the key's H3BATCH_MAX_ACTIVE_PER_KEY."""
+    what = "this job" if asked == 1 else f"these {asked} jobs"
+    return ApiError(429, "too_many_active_jobs", f"{what} would pass the {caller.max_active_per_key} queued or "
+                                                 f"running jobs one API key may have (H3BATCH_MAX_ACTIVE_PER_KEY, "
+                                                 f"batch items included); retry once some have finished", True,
+                    {"Retry-After": str(defaults.QUEUE_FULL_RETRY_AFTER_S)})
 
 
 def check_capacity(r: redis.Redis, req: CreateJob) -> None:

@@ -235,7 +235,7 @@ class ServiceCollector:
         with r.pipeline(transaction=False) as pipe:
             for key in hashes:
                 pipe.hgetall(key)
-            pipe.zcard(keys.QUEUE)
+            pipe.zcard(keys.BACKLOG)  # every queued job, held batch items included
             pipe.zcard(keys.RUNNING)
             found = pipe.execute()
         jobs, errors, stages, queue_wait, http, http_hist, batches = found[:7]
@@ -254,7 +254,8 @@ class ServiceCollector:
                          ["stage"], stages, defaults.STAGE_BUCKETS_S, [(s,) for s in metrics.STAGES])
         yield _histogram("h3batch_job_queue_wait_seconds", "Seconds from a job's creation to its first claim by a "
                          "worker", [], queue_wait, defaults.STAGE_BUCKETS_S, [()])
-        yield GaugeMetricFamily("h3batch_jobs_queued", "Jobs queued now (waiting for a worker)", value=queued)
+        yield GaugeMetricFamily("h3batch_jobs_queued", "Jobs queued now (waiting for a worker; batch items "
+                                "included)", value=queued)
         yield GaugeMetricFamily("h3batch_jobs_running", "Jobs in progress now", value=running)
 
         family = GaugeMetricFamily("h3batch_queue_depth", "Messages waiting in the broker per Celery queue",

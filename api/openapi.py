@@ -40,12 +40,14 @@ _IDEMPOTENCY_KEY = {"name": "Idempotency-Key", "in": "header", "required": False
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
-    text = {400: "Invalid request", 401: "Missing or bad API key", 404: "No such job (for POST: the job an "
-            "Idempotency-Key made is gone)", 409: "Wrong job state or Idempotency-Key in use",
+    text = {400: "Invalid request", 401: "Missing or bad API key", 404: "No such job or batch",
+            409: "Wrong job state or Idempotency-Key in use",
             410: "Video expired", 413: "Body over 64 KiB", 416: "Range not satisfiable",
-            422: "Idempotency-Key reused with another body, webhook_url refused, or exceeds_worker_capacity (the "
-                 "request needs more rows than any worker serves)", 503: "Redis or queue full",
-            429: "Over the API key's rate limit (Retry-After, RateLimit headers; api/ratelimit.py)"}
+            422: "Idempotency-Key reused with another body, webhook_url refused, exceeds_worker_capacity (the "
+                 "request needs more rows than any worker serves), or json_too_complex (the body nests over 32 "
+                 "deep or holds more tokens than the API parses)", 503: "Redis or queue full",
+            429: "Over the API key's rate limit (rate_limited: Retry-After, RateLimit headers; api/ratelimit.py), "
+                 "or too_many_active_jobs (H3BATCH_MAX_ACTIVE_PER_KEY)"}
     # 429 may answer any authenticated route: the per-key rate limit runs before every view.
     return {str(s): _json("ErrorBody", text[s]) for s in (*statuses, 429)}
 
@@ -143,7 +145,8 @@ def _openai_paths() -> dict[str, Any]:
                                                                                VideoObject.model_json_schema()}}}
     video_id = {"name": "video_id", "in": "path", "required": True, "schema": {"type": "string"}}
     create_fields = create_body_schema(model_id())  # the model this server serves
-    common = {"401": error("Missing or bad API key"), "429": error("Over the key's rate limit"),
+    common = {"401": error("Missing or bad API key"), "429": error("Over the key's rate limit, or its active-job "
+                                                                    "cap (too_many_active_jobs)"),
               "503": error("Redis or queue full")}
     return {
         "/v1/videos": {
@@ -153,8 +156,9 @@ def _openai_paths() -> dict[str, Any]:
                                                                    "multipart/form-data": {"schema": create_fields}}},
                      "responses": {"202": video, "400": error("Unsupported field, model, size or duration"),
                                    "409": error("Idempotency-Key in use"),
-                                   "422": error("webhook_url refused, Idempotency-Key reused, or "
-                                                 "exceeds_worker_capacity (more rows than any worker serves)"),
+                                   "422": error("webhook_url refused, Idempotency-Key reused, "
+                                                 "exceeds_worker_capacity (more rows than any worker serves), or "
+                                                 "json_too_complex (the body costs too much to parse)"),
                                    **common}},
             "get": {"operationId": "listVideos", "summary": "OpenAI-compatible list",
                     "parameters": [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,

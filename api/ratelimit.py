@@ -1,12 +1,12 @@
 """Per-API-key rate limits: a token bucket in Redis per key and bucket (creates, reads) → 429 `rate_limited`.
 
-Two buckets per key (spec §1 row 15): `creates` (POST /jobs, POST /v1/videos[/sync]) and `reads` (every other
-authenticated request). A bucket holds up to one minute's quota and refills continuously; a request takes one token
+Two buckets per key (spec §1 row 15): `creates` (POST /jobs, POST /v1/videos[/sync]; a batch's items, one token
+each, when the batch is admitted) and `reads` (every other authenticated request). A bucket holds up to one minute's quota and refills continuously; a request takes one token
 or is answered 429 with `Retry-After` (whole seconds until a token is back) and, on every limited route, the
 `RateLimit-Policy` / `RateLimit` headers of draft-ietf-httpapi-ratelimit-headers-10
 (`"creates";q=60;w=60` and `"creates";r=<tokens left>;t=<seconds until full>`).
 
-The bucket update is one Lua script (read, refill, take, write, expire), so concurrent API threads and processes
+The bucket update is one Lua script (read, refill, take, write, expire; the function in core/rate_bucket.py), so concurrent API threads and processes
 never over-admit, and it reads Redis's own clock (TIME), so API hosts with skewed clocks agree. Written here rather
 than taken from a library: the Flask limiters on the package index count fixed or moving windows per client
 address, not per-key token buckets shared through h3batch's own Redis with the draft-10 headers.
@@ -25,38 +25,23 @@ from flask import Flask, current_app, g, request
 from h3batch.api.auth import OPEN_PATHS
 from h3batch.api.errors import ApiError
 from h3batch.api.redis_client import get_redis
-from h3batch.core import keys
+from h3batch.core import keys, rate_bucket
 
 log = logging.getLogger("h3batch.api")
 
-CREATE_PATHS = frozenset({"/jobs", "/v1/videos", "/v1/videos/sync", "/batches"})
-"""POSTs to these paths spend the `creates` bucket (a batch spends one token); everything else spends `reads`."""
+CREATE_PATHS = frozenset({"/jobs", "/v1/videos", "/v1/videos/sync"})
+"""POSTs to these paths spend one token of the `creates` bucket here. Everything else spends `reads`, POST /batches
+included: a batch of N items spends N `creates` tokens in the script that admits it (core/batches.py), so it costs
+what N single jobs do, and a batch refused by any limit (or by validation) spends none of them: concurrent batches of
+one key cannot starve each other by each taking a token at the door."""
 
 _EXTENSION_KEY = "h3batch.rate_limits"
 
-# KEYS[1] bucket hash; ARGV[1] capacity (tokens), ARGV[2] refill (tokens per ms).
+# KEYS[1] bucket hash; ARGV[1] capacity (tokens), ARGV[2] refill (tokens per ms). One token (core/rate_bucket.py).
 # Returns {allowed 0/1, tokens left (string: Lua numbers become integers in replies), ms until 1 token, ms until full}.
-_TAKE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local cap = tonumber(ARGV[1])
-local rate = tonumber(ARGV[2])
-local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts_ms')
-local tokens = tonumber(b[1])
-local ts = tonumber(b[2])
-if tokens == nil or ts == nil then tokens = cap; ts = now end
-tokens = math.min(cap, tokens + math.max(0, now - ts) * rate)
-local allowed = 0
-local wait_ms = 0
-if tokens >= 1 then
-  tokens = tokens - 1
-  allowed = 1
-else
-  wait_ms = math.ceil((1 - tokens) / rate)
-end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts_ms', tostring(now))
-redis.call('PEXPIRE', KEYS[1], math.ceil(cap / rate) + 1000)
-return {allowed, tostring(tokens), wait_ms, math.ceil((cap - tokens) / rate)}
+_TAKE = rate_bucket.TAKE_FUNCTION + """
+local allowed, tokens, wait_ms, full_ms = bucket_take(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), 1, 1)
+return {allowed, tostring(tokens), wait_ms, full_ms}
 """
 
 
@@ -82,8 +67,13 @@ class Decision:
 def take(r, owner: str, bucket: str, per_min: int) -> Decision:
     """Spend one token of `owner`'s `bucket` (capacity `per_min`, refilled `per_min` per 60 s)."""
     allowed, tokens, wait_ms, full_ms = r.eval(_TAKE, 1, keys.rate_bucket(owner, bucket), per_min, per_min / 60_000)
-    return Decision(bool(allowed), int(float(tokens)), max(1, math.ceil(int(wait_ms) / 1000)) if not allowed else 0,
+    return Decision(bool(allowed), max(0, int(float(tokens))), max(1, math.ceil(int(wait_ms) / 1000)) if not allowed else 0,
                     math.ceil(int(full_ms) / 1000))
+
+
+def rate_limits() -> RateLimits:
+    """This app's limits (the batch admission spends a batch's item tokens by them)."""
+    return current_app.extensions[_EXTENSION_KEY]
 
 
 def init_rate_limit(app: Flask) -> None:

@@ -17,10 +17,17 @@ of it only the jobs already running (one per worker), plus at most the items han
 very moment. Single jobs queued ahead of capacity hold batches back (they are the interactive traffic; their own
 number is bounded by H3BATCH_MAX_QUEUED and the per-key rate limit).
 
-Why the held items are safe from the rest of the job core: the queue cap of `create_job` counts `h3b:queue`, which
-holds at most one released item per worker, so a 1000-item batch neither is refused by the cap nor fills it; the
-reaper's "queued without a message" case reads `h3b:queue` only, so it never re-sends a held item, and does re-send a
-released one whose message was lost (the feeder may die between releasing and sending: that is the same case).
+Limits (issue 26 item 1): every item counts as one job. A batch is admitted in the script that writes it, all or
+none: its items must fit under the queue cap (H3BATCH_MAX_QUEUED, counted over `h3b:backlog`, every queued job held
+or released), the owner's active-job cap (H3BATCH_MAX_ACTIVE_PER_KEY, queued + running) and the owner's `creates`
+token bucket (one token per item). Held items therefore fill the queue cap like single jobs do; the render queue
+`h3b:queue` still holds at most one released item per worker, which is what keeps single jobs from queueing behind a
+batch. The reaper's "queued without a message" case reads `h3b:queue` only, so it never re-sends a held item, and
+does re-send a released one whose message was lost (the feeder may die between releasing and sending: that case).
+
+State changes of a batch (admit, cancel, finish, delete, an item's CRC) are each one script that first checks the
+batch exists (a hash with its `id`), so a cancel or a finish check racing a DELETE writes nothing (issue 26 item 4);
+its items change through jobs.transition, each atomically.
 
 Who feeds: the API when it creates a batch, the worker after each job (worker/tasks.py) and on every heartbeat
 (worker/heartbeat.py), so a lost trigger costs at most one heartbeat period. The release is one Lua script, so
@@ -30,6 +37,7 @@ the `batch.completed` webhook (`<batch id>:batch.completed` in keys.WEBHOOKS_DUE
 """
 from __future__ import annotations
 
+import enum
 import json
 import secrets
 import time
@@ -38,7 +46,7 @@ from typing import Any, Callable
 
 import redis
 
-from h3batch.core import defaults, keys, metrics
+from h3batch.core import defaults, keys, rate_bucket
 from h3batch.core import jobs as store
 from h3batch.core.jobs import EVENTS_KEPT, JobSpec, JobStatus, Stage
 
@@ -63,67 +71,132 @@ class Item:
     custom_id: str | None = None
 
 
-# A held batch item: the job record, its indexes and first event as in jobs._CREATE, plus the batch's pending zset;
-# never the render queue (the feeder puts it there). KEYS: seq, record, jobs index, owner index,
-# owner-status(queued) index, events, pending. ARGV: job id, event data, events kept, pending score, field pairs.
-_CREATE_HELD = """
-local seq = redis.call('incr', KEYS[1])
-redis.call('hset', KEYS[2], 'seq', seq, unpack(ARGV, 5))
-redis.call('zadd', KEYS[3], seq, ARGV[1])
-redis.call('zadd', KEYS[4], seq, ARGV[1])
-redis.call('zadd', KEYS[5], seq, ARGV[1])
-redis.call('zadd', KEYS[7], ARGV[4], ARGV[1])
-redis.call('xadd', KEYS[6], 'MAXLEN', '~', ARGV[3], '*', 'event', 'status', 'data', ARGV[2])
-return seq
+@dataclass(frozen=True)
+class Admission:
+    """The limits a batch is admitted under, all checked in the step that writes it (0: no such limit). Every item
+    counts as one job: against the queue cap, the owner's active-job cap and the owner's `creates` bucket."""
+
+    max_queued: int = 0
+    """H3BATCH_MAX_QUEUED: jobs queued (h3b:backlog, held items included) after this batch may not pass it."""
+    max_active_per_key: int = 0
+    """H3BATCH_MAX_ACTIVE_PER_KEY: the owner's queued + running jobs after this batch may not pass it."""
+    creates_per_min: int = 0
+    """The owner's `creates` bucket (H3BATCH_RATE_CREATES_PER_MIN): one token per item; 0 when rate limits are off
+    (or there are no API keys)."""
+
+
+class Refused(Exception):
+    """A batch not admitted (nothing written): `limit` names which (`queue_full`, `too_many_active_jobs`,
+    `rate_limited`), `count` is what was found (queued jobs, active jobs, tokens left), `retry_after_s` when known."""
+
+    def __init__(self, limit: str, count: float, retry_after_s: int | None = None):
+        super().__init__(limit)
+        self.limit, self.count, self.retry_after_s = limit, count, retry_after_s
+
+
+# Admit and write a batch in one step (issue 26 item 1): refuse when its items would pass the queue cap (h3b:backlog
+# counts held items too), the owner's active-job cap, or the owner's create budget (the bucket function of
+# core/rate_bucket.py; checked last, so a refusal by a cap spends nothing); else the batch record, and per item a
+# held job record (as jobs._CREATE writes one, but in the batch's pending zset instead of the render queue), its
+# indexes and first event, then the metrics counts. KEYS: backlog, seq, jobs index, owner index, owner queued,
+# owner in_progress, batch, items, pending, owner batches, active, open, metrics jobs, metrics batches, bucket.
+# ARGV: cap, per-key cap, bucket cap, bucket refill per ms, tokens to spend, tokens needed, job key prefix, events
+# key prefix, event data, events kept, batch id, item count, batch field entries (n, then n values), then per item:
+# job id, items-list entry, field entries (n, then n values).
+# Returns {0, batch seq} | {-1, queued} | {-2, active} | {-3, ms until enough tokens, tokens left (string)}.
+_ADMIT = rate_bucket.TAKE_FUNCTION + """
+local n = tonumber(ARGV[12])
+local cap = tonumber(ARGV[1])
+local queued = redis.call('zcard', KEYS[1])
+if cap > 0 and queued + n > cap then return {-1, queued} end
+local per_key = tonumber(ARGV[2])
+local active = redis.call('zcard', KEYS[5]) + redis.call('zcard', KEYS[6])
+if per_key > 0 and active + n > per_key then return {-2, active} end
+local bucket = tonumber(ARGV[3])
+if bucket > 0 and tonumber(ARGV[6]) > 0 then
+  local allowed, tokens, wait_ms = bucket_take(KEYS[15], bucket, tonumber(ARGV[4]), tonumber(ARGV[5]),
+                                               tonumber(ARGV[6]))
+  if allowed == 0 then return {-3, wait_ms, tostring(tokens)} end
+end
+local at = 13
+local count = tonumber(ARGV[at])
+local batch_seq = redis.call('incr', KEYS[2])
+redis.call('hset', KEYS[7], 'seq', batch_seq, unpack(ARGV, at + 1, at + count))
+at = at + count + 1
+for position = 0, n - 1 do
+  local id = ARGV[at]
+  local entry = ARGV[at + 1]
+  count = tonumber(ARGV[at + 2])
+  local seq = redis.call('incr', KEYS[2])
+  redis.call('hset', ARGV[7] .. id, 'seq', seq, unpack(ARGV, at + 3, at + 2 + count))
+  redis.call('zadd', KEYS[3], seq, id)
+  redis.call('zadd', KEYS[4], seq, id)
+  redis.call('zadd', KEYS[5], seq, id)
+  redis.call('zadd', KEYS[1], seq, id)
+  redis.call('zadd', KEYS[9], position, id)
+  redis.call('rpush', KEYS[8], entry)
+  redis.call('xadd', ARGV[8] .. id, 'MAXLEN', '~', ARGV[10], '*', 'event', 'status', 'data', ARGV[9])
+  at = at + count + 3
+end
+redis.call('zadd', KEYS[10], batch_seq, ARGV[11])
+redis.call('rpush', KEYS[11], ARGV[11])
+redis.call('zadd', KEYS[12], redis.call('hget', KEYS[7], 'created_at'), ARGV[11])
+redis.call('hincrby', KEYS[14], 'created', 1)
+if n > 0 then redis.call('hincrby', KEYS[13], 'queued', n) end
+return {0, batch_seq}
 """
 
 
 def create_batch(r: redis.Redis, owner: str, items: list[Item], *, metadata: dict[str, Any] | None = None,
                  skipped: list[dict[str, Any]] | None = None, webhook_url: str | None = None,
-                 now: float | None = None) -> str:
-    """Write the batch and all its items (held, see the module docstring) in one MULTI/EXEC; returns its id."""
+                 now: float | None = None, limits: Admission = Admission()) -> str:
+    """Admit the batch under `limits` and write it with all its items (held, see the module docstring) in one
+    script; returns its id. Raises Refused (nothing written) when a limit would be passed."""
     now = time.time() if now is None else now
     batch_id = new_batch_id()
-    seq = int(r.incr(keys.SEQ))
     event = json.dumps({"status": JobStatus.QUEUED.value})
-    with r.pipeline(transaction=True) as pipe:
-        members = []
-        for position, item in enumerate(items):
-            job_id = store.new_job_id()
-            spec = item.spec
-            record: dict[str, Any] = {
-                "id": job_id, "status": JobStatus.QUEUED, "stage": Stage.QUEUED, "step": 0,
-                "total_steps": defaults.TOTAL_STEPS, "progress": 0.0, "prompt": spec.prompt, "seconds": spec.seconds,
-                "width": spec.width, "height": spec.height, "seed": spec.seed, "release": spec.release,
-                "owner": owner, "created_at": now, "attempt": 0, "batch_id": batch_id, "batch_index": item.index}
-            if spec.webhook_url:
-                record["webhook_url"] = spec.webhook_url
-            if item.custom_id is not None:
-                record["custom_id"] = item.custom_id
-            pairs = [x for pair in store._encode(record).items() for x in pair]
-            pipe.eval(_CREATE_HELD, 7, keys.SEQ, keys.job(job_id), keys.JOBS_INDEX, keys.owner_jobs(owner),
-                      keys.owner_status(owner, JobStatus.QUEUED.value), keys.events(job_id),
-                      keys.batch_pending(batch_id), job_id, event, EVENTS_KEPT, position, *pairs)
-            members.append(json.dumps([job_id, item.index, item.custom_id or ""]))
-        pipe.hset(keys.batch(batch_id), mapping={
-            "id": batch_id, "owner": owner, "created_at": repr(now), "seq": seq, "total": len(items),
-            "metadata": json.dumps(metadata or {}), "skipped": json.dumps(skipped or []),
-            "webhook_url": webhook_url or ""})
-        if members:
-            pipe.rpush(keys.batch_items(batch_id), *members)
-        pipe.zadd(keys.owner_batches(owner), {batch_id: seq})
-        pipe.rpush(keys.BATCHES_ACTIVE, batch_id)
-        pipe.zadd(keys.BATCHES_OPEN, {batch_id: now})
-        metrics.count_batch_created(pipe, len(items))
-        pipe.execute()
+    batch_fields = {"id": batch_id, "owner": owner, "created_at": repr(now), "total": str(len(items)),
+                    "metadata": json.dumps(metadata or {}), "skipped": json.dumps(skipped or []),
+                    "webhook_url": webhook_url or ""}
+    argv: list[Any] = [len(batch_fields) * 2, *[x for pair in batch_fields.items() for x in pair]]
+    for item in items:
+        job_id = store.new_job_id()
+        spec = item.spec
+        record: dict[str, Any] = {
+            "id": job_id, "status": JobStatus.QUEUED, "stage": Stage.QUEUED, "step": 0,
+            "total_steps": defaults.TOTAL_STEPS, "progress": 0.0, "prompt": spec.prompt, "seconds": spec.seconds,
+            "width": spec.width, "height": spec.height, "seed": spec.seed, "release": spec.release,
+            "owner": owner, "created_at": now, "attempt": 0, "batch_id": batch_id, "batch_index": item.index}
+        if spec.webhook_url:
+            record["webhook_url"] = spec.webhook_url
+        if item.custom_id is not None:
+            record["custom_id"] = item.custom_id
+        pairs = [x for pair in store._encode(record).items() for x in pair]
+        argv += [job_id, json.dumps([job_id, item.index, item.custom_id or ""]), len(pairs), *pairs]
+    cost, need = len(items), min(len(items), limits.creates_per_min)
+    found = r.eval(_ADMIT, 15, keys.BACKLOG, keys.SEQ, keys.JOBS_INDEX, keys.owner_jobs(owner),
+                   keys.owner_status(owner, JobStatus.QUEUED.value),
+                   keys.owner_status(owner, JobStatus.IN_PROGRESS.value), keys.batch(batch_id),
+                   keys.batch_items(batch_id), keys.batch_pending(batch_id), keys.owner_batches(owner),
+                   keys.BATCHES_ACTIVE, keys.BATCHES_OPEN, keys.METRICS_JOBS, keys.METRICS_BATCHES,
+                   keys.rate_bucket(owner, "creates"), limits.max_queued, limits.max_active_per_key,
+                   limits.creates_per_min, limits.creates_per_min / 60_000, cost, need, keys.job(""),
+                   keys.events(""), event, EVENTS_KEPT, batch_id, len(items), *argv)
+    code = int(found[0])
+    if code == -1:
+        raise Refused("queue_full", int(found[1]))
+    if code == -2:
+        raise Refused("too_many_active_jobs", int(found[1]))
+    if code == -3:
+        raise Refused("rate_limited", float(found[2]), max(1, -(-int(found[1]) // 1000)))
     return batch_id
 
 
 def load_batch(r: redis.Redis, batch_id: str) -> dict[str, Any] | None:
     """The batch hash decoded (metadata, skipped, webhook_deliveries as JSON; times as floats), or None."""
     raw = r.hgetall(keys.batch(batch_id))
-    if not raw:
-        return None
+    if not raw.get("id"):
+        return None  # none, or a stub an older cancel left behind a DELETE (issue 26 item 4): no batch
     out: dict[str, Any] = dict(raw)
     for name in ("metadata", "skipped", "webhook_deliveries"):
         out[name] = json.loads(raw[name]) if raw.get(name) else ([] if name != "metadata" else {})
@@ -263,36 +336,41 @@ def feed(r: redis.Redis, send: Callable[[str], None], *, capacity: int | None = 
     return list(released)
 
 
-# Stamp finished_at once, and only on a batch that still exists (a concurrent DELETE must not leave a stub hash).
-_STAMP = ("if redis.call('exists', KEYS[1]) == 1 then return redis.call('hsetnx', KEYS[1], 'finished_at', ARGV[1]) "
-          "end return 0")
+# Stamp a batch finished, in one step with the check that every item has finished: the batch must exist (a record
+# with its `id`: never a stub) and be unstamped; then finished_at, its final status, out of the open and active sets,
+# the TTL of its keys, the batch.completed due-entry and the metrics count. A concurrent DELETE either ran before
+# (nothing found: nothing written) or runs after (it removes what this wrote).
+# KEYS: batch, items, pending, crc, open, active, webhooks due, metrics batches. ARGV: batch id, now, TTL, job key
+# prefix, webhook member.
+_FINISH = """
+if redis.call('hexists', KEYS[1], 'id') == 0 or redis.call('hexists', KEYS[1], 'finished_at') == 1 then
+  return 0
+end
+for _, raw in ipairs(redis.call('lrange', KEYS[2], 0, -1)) do
+  local status = redis.call('hget', ARGV[4] .. cjson.decode(raw)[1], 'status')
+  if status == 'queued' or status == 'in_progress' then return 0 end
+end
+local status = 'completed'
+if redis.call('hget', KEYS[1], 'cancel_requested') == '1' then status = 'cancelled' end
+redis.call('hset', KEYS[1], 'finished_at', ARGV[2], 'status', status)
+redis.call('zrem', KEYS[5], ARGV[1])
+redis.call('lrem', KEYS[6], 0, ARGV[1])
+for i = 1, 4 do redis.call('expire', KEYS[i], ARGV[3]) end
+if (redis.call('hget', KEYS[1], 'webhook_url') or '') ~= '' then redis.call('zadd', KEYS[7], ARGV[2], ARGV[5]) end
+redis.call('hincrby', KEYS[8], status, 1)
+return 1
+"""
 
 
 def check_finished(r: redis.Redis, batch_id: str, *, record_ttl_s: int, now: float | None = None) -> bool:
     """Stamp the batch finished once every item is: `finished_at`, its final status, the `batch.completed` webhook
-    when it has a webhook_url, and the TTL of its keys. Returns True only for the call that stamped it."""
-    batch = load_batch(r, batch_id)
-    if batch is None or batch["finished_at"] is not None:
-        return False
-    statuses = item_statuses(r, [job_id for job_id, _, _ in items(r, batch_id)])
-    if any(status in (JobStatus.QUEUED.value, JobStatus.IN_PROGRESS.value) for status in statuses):
-        return False
+    when it has a webhook_url, the TTL of its keys and the finished count (core/metrics.py's `h3b:metrics:batches`),
+    all in one script with the check. Returns True only for the call that stamped it; a deleted batch is left alone."""
     now = time.time() if now is None else now
-    if not r.eval(_STAMP, 1, keys.batch(batch_id), repr(now)):
-        return False  # another process stamped it first, or the batch was deleted meanwhile
-    status = "cancelled" if batch["cancel_requested"] else "completed"
-    with r.pipeline(transaction=True) as pipe:
-        pipe.hset(keys.batch(batch_id), "status", status)
-        pipe.zrem(keys.BATCHES_OPEN, batch_id)
-        pipe.lrem(keys.BATCHES_ACTIVE, 0, batch_id)
-        for key in (keys.batch(batch_id), keys.batch_items(batch_id), keys.batch_pending(batch_id),
-                    keys.batch_crc(batch_id)):
-            pipe.expire(key, record_ttl_s)
-        if batch["webhook_url"]:
-            pipe.zadd(keys.WEBHOOKS_DUE, {f"{batch_id}:{BATCH_COMPLETED}": now})
-        metrics.count_batch_finished(pipe, status)
-        pipe.execute()
-    return True
+    return bool(r.eval(_FINISH, 8, keys.batch(batch_id), keys.batch_items(batch_id), keys.batch_pending(batch_id),
+                       keys.batch_crc(batch_id), keys.BATCHES_OPEN, keys.BATCHES_ACTIVE, keys.WEBHOOKS_DUE,
+                       keys.METRICS_BATCHES, batch_id, repr(now), record_ttl_s, keys.job(""),
+                       f"{batch_id}:{BATCH_COMPLETED}"))
 
 
 def after_job(r: redis.Redis, job_id: str, send: Callable[[str], None], *, record_ttl_s: int) -> None:
@@ -308,37 +386,70 @@ def check_open(r: redis.Redis, *, record_ttl_s: int) -> list[str]:
     return [b for b in r.zrange(keys.BATCHES_OPEN, 0, -1) if check_finished(r, b, record_ttl_s=record_ttl_s)]
 
 
-def cancel(r: redis.Redis, batch_id: str, *, record_ttl_s: int) -> None:
+class CancelOutcome(str, enum.Enum):
+    GONE = "gone"  # no such batch (deleted, expired)
+    FINISHED = "finished"  # already stamped finished: nothing to cancel
+    REQUESTED = "requested"  # marked cancelled; its unfinished items were cancelled or asked to stop
+
+
+# Mark a batch cancelled, only if it exists and has not finished: no more releases (pending dropped, out of the
+# active rotation). Returns 0 gone, -1 finished, 1 marked. KEYS: batch, pending, active. ARGV: batch id.
+_CANCEL = """
+if redis.call('hexists', KEYS[1], 'id') == 0 then return 0 end
+if redis.call('hexists', KEYS[1], 'finished_at') == 1 then return -1 end
+redis.call('hset', KEYS[1], 'cancel_requested', '1')
+redis.call('del', KEYS[2])
+redis.call('lrem', KEYS[3], 0, ARGV[1])
+return 1
+"""
+
+
+def cancel(r: redis.Redis, batch_id: str, *, record_ttl_s: int) -> CancelOutcome:
     """Cancel what has not finished: no more releases, held and queued items cancelled now, running ones at their
-    next step boundary (core/jobs.request_cancel); the batch finishes as `cancelled` once they have stopped."""
-    with r.pipeline(transaction=True) as pipe:
-        pipe.hset(keys.batch(batch_id), "cancel_requested", "1")
-        pipe.delete(keys.batch_pending(batch_id))
-        pipe.lrem(keys.BATCHES_ACTIVE, 0, batch_id)
-        pipe.execute()
+    next step boundary (core/jobs.request_cancel); the batch finishes as `cancelled` once they have.
+
+    The batch-level change is one script that writes nothing when the batch is gone or finished (a cancel racing a
+    DELETE once left a stub hash that check_finished then stamped, with a 24 h TTL and a metrics count). The items
+    change through jobs.transition, each atomically; one deleted meanwhile is skipped (its record is gone)."""
+    marked = int(r.eval(_CANCEL, 3, keys.batch(batch_id), keys.batch_pending(batch_id), keys.BATCHES_ACTIVE,
+                        batch_id))
+    if marked <= 0:
+        return CancelOutcome.GONE if marked == 0 else CancelOutcome.FINISHED
     job_ids = [job_id for job_id, _, _ in items(r, batch_id)]
     for job_id, record in zip(job_ids, item_records(r, job_ids)):
         if record is not None and record["status"] in (JobStatus.QUEUED.value, JobStatus.IN_PROGRESS.value):
             store.request_cancel(r, job_id, reason="batch_cancelled", record_ttl_s=record_ttl_s)
     check_finished(r, batch_id, record_ttl_s=record_ttl_s)
+    return CancelOutcome.REQUESTED
 
 
-def delete(r: redis.Redis, batch_id: str) -> list[str]:
-    """Remove the batch and every item's record (running ones stop at their next step); returns the job ids, whose
-    files the caller removes."""
-    owner = r.hget(keys.batch(batch_id), "owner") or ""
-    with r.pipeline(transaction=True) as pipe:
-        pipe.delete(keys.batch_pending(batch_id))
-        pipe.lrem(keys.BATCHES_ACTIVE, 0, batch_id)
-        pipe.zrem(keys.BATCHES_OPEN, batch_id)
-        pipe.execute()
-    job_ids = [job_id for job_id, _, _ in items(r, batch_id)]
-    for job_id in job_ids:
+# Remove a batch's own keys and index entries in one step, only if it exists and belongs to `owner`; returns its
+# items (JSON entries) or nil. KEYS: batch, items, pending, crc, active, open, owner's batches. ARGV: id, owner.
+_DELETE = """
+if redis.call('hexists', KEYS[1], 'id') == 0 or (redis.call('hget', KEYS[1], 'owner') or '') ~= ARGV[2] then
+  return false
+end
+local entries = redis.call('lrange', KEYS[2], 0, -1)
+redis.call('del', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+redis.call('lrem', KEYS[5], 0, ARGV[1])
+redis.call('zrem', KEYS[6], ARGV[1])
+redis.call('zrem', KEYS[7], ARGV[1])
+return entries
+"""
+
+
+def delete(r: redis.Redis, batch_id: str, owner: str) -> list[str] | None:
+    """Remove the batch (one script: record, items list, pending set, CRCs, every index) and then every item's
+    record (running ones stop at their next step); returns the job ids, whose files the caller removes, or None when
+    there was no such batch of `owner` (gone already: a concurrent DELETE, expired)."""
+    entries = r.eval(_DELETE, 7, keys.batch(batch_id), keys.batch_items(batch_id), keys.batch_pending(batch_id),
+                     keys.batch_crc(batch_id), keys.BATCHES_ACTIVE, keys.BATCHES_OPEN, keys.owner_batches(owner),
+                     batch_id, owner)
+    if entries is None:
+        return None
+    job_ids = [json.loads(raw)[0] for raw in entries]
+    for job_id in job_ids:  # the batch is gone already: a cancel or finish check finds nothing to write
         store.delete_job(r, job_id)
-    with r.pipeline(transaction=True) as pipe:
-        pipe.delete(keys.batch(batch_id), keys.batch_items(batch_id), keys.batch_crc(batch_id))
-        pipe.zrem(keys.owner_batches(owner), batch_id)
-        pipe.execute()
     return job_ids
 
 
@@ -369,16 +480,21 @@ def list_batches(r: redis.Redis, owner: str, *, limit: int, after: str | None = 
         bound = f"({int(ids[-1][1])}"
 
 
+# Write an item's CRC only while its batch exists, with the batch's TTL (a finished batch's keys expire together).
+# KEYS: batch, crc. ARGV: job id, "crc:size".
+_REMEMBER_CRC = """
+if redis.call('hexists', KEYS[1], 'id') == 0 then return 0 end
+redis.call('hset', KEYS[2], ARGV[1], ARGV[2])
+local ttl = redis.call('ttl', KEYS[1])
+if ttl > 0 then redis.call('expire', KEYS[2], ttl) end
+return 1
+"""
+
+
 def remember_crc(r: redis.Redis, batch_id: str, job_id: str, crc: int, size: int) -> None:
-    """Keep the CRC-32 of an item's MP4 (with the size it was computed over) for later archive requests."""
-    ttl = int(r.ttl(keys.batch(batch_id)))
-    if ttl == -2:
-        return  # the batch is gone (deleted while its archive was being served)
-    with r.pipeline(transaction=True) as pipe:
-        pipe.hset(keys.batch_crc(batch_id), job_id, f"{crc}:{size}")
-        if ttl > 0:  # a finished batch's keys expire together
-            pipe.expire(keys.batch_crc(batch_id), ttl)
-        pipe.execute()
+    """Keep the CRC-32 of an item's MP4 (with the size it was computed over) for later archive requests; nothing
+    when the batch is gone (deleted while its archive was being served)."""
+    r.eval(_REMEMBER_CRC, 2, keys.batch(batch_id), keys.batch_crc(batch_id), job_id, f"{crc}:{size}")
 
 
 def known_crcs(r: redis.Redis, batch_id: str) -> dict[str, tuple[int, int]]:

@@ -32,8 +32,11 @@ MAX_PROMPT_CHARS = 4000
 MAX_BODY_BYTES = 64 * 1024
 """Largest request body (413 above it)."""
 
-MAX_QUEUED = 1000
-"""Queued jobs at which POST /jobs answers 503 queue_full."""
+MAX_QUEUED = 4000
+"""Queued jobs (held batch items included) at which a create answers 503 queue_full (H3BATCH_MAX_QUEUED)."""
+MAX_ACTIVE_PER_KEY = 1000
+"""Queued + running jobs one API key may have (H3BATCH_MAX_ACTIVE_PER_KEY; 429 too_many_active_jobs): a quarter of
+the queue, so one key cannot fill it for the others, and one whole batch of MAX_BATCH items fits."""
 
 QUEUE_FULL_RETRY_AFTER_S = 30
 """Retry-After sent with 503 queue_full (the OpenAI SDK gives up above 120)."""

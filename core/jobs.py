@@ -146,35 +146,45 @@ def _emit(pipe: redis.client.Pipeline, job_id: str, event: str, data: dict[str, 
 
 
 class QueueFull(Exception):
-    """create_job refused: `max_queued` jobs are already queued (nothing was written)."""
+    """A create refused: the jobs queued (held batch items included) would pass `max_queued`; nothing was written."""
 
 
-# One atomic step: refuse when the queue holds `cap` jobs, else number the job and write record, indexes, queue
-# entry and first event. A check in Python before a MULTI lets concurrent creates all pass the check (issue 17 #9).
-# KEYS: queue, seq, record, jobs index, owner index, owner-status(queued) index, events, status counters.
-# ARGV: cap (0: none), job id, event data, events kept, then the record's field/value pairs.
+class TooManyActive(Exception):
+    """A create refused: the owner's queued and running jobs would pass `max_active_per_key`; nothing was written."""
+
+
+# One atomic step: refuse when the jobs queued (h3b:backlog: released and held batch items alike) number `cap`, or
+# the owner's queued + running jobs number `per_key`; else number the job and write record, indexes, queue entries
+# and first event. A check in Python before a MULTI lets concurrent creates all pass the check (issue 17 #9).
+# KEYS: queue, seq, record, jobs index, owner index, owner-status(queued) index, events, status counters, backlog,
+# owner-status(in_progress) index. ARGV: cap (0: none), per-key cap (0: none), job id, event data, events kept, then
+# the record's field/value pairs. Returns the sequence, or -1 (cap) / -2 (per key).
 _CREATE = """
 local cap = tonumber(ARGV[1])
-if cap > 0 and redis.call('zcard', KEYS[1]) >= cap then return -1 end
+if cap > 0 and redis.call('zcard', KEYS[9]) >= cap then return -1 end
+local per_key = tonumber(ARGV[2])
+if per_key > 0 and redis.call('zcard', KEYS[6]) + redis.call('zcard', KEYS[10]) >= per_key then return -2 end
 local seq = redis.call('incr', KEYS[2])
-redis.call('hset', KEYS[3], 'seq', seq, unpack(ARGV, 5))
-redis.call('zadd', KEYS[4], seq, ARGV[2])
-redis.call('zadd', KEYS[5], seq, ARGV[2])
-redis.call('zadd', KEYS[6], seq, ARGV[2])
-redis.call('zadd', KEYS[1], seq, ARGV[2])
-redis.call('xadd', KEYS[7], 'MAXLEN', '~', ARGV[4], '*', 'event', 'status', 'data', ARGV[3])
+redis.call('hset', KEYS[3], 'seq', seq, unpack(ARGV, 6))
+redis.call('zadd', KEYS[4], seq, ARGV[3])
+redis.call('zadd', KEYS[5], seq, ARGV[3])
+redis.call('zadd', KEYS[6], seq, ARGV[3])
+redis.call('zadd', KEYS[1], seq, ARGV[3])
+redis.call('zadd', KEYS[9], seq, ARGV[3])
+redis.call('xadd', KEYS[7], 'MAXLEN', '~', ARGV[5], '*', 'event', 'status', 'data', ARGV[4])
 redis.call('hincrby', KEYS[8], 'queued', 1)
 return seq
 """
 
 
-def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None,
-               max_queued: int | None = None) -> dict[str, Any]:
-    """Write a queued record, index it and put it in the queue zset (one Lua script); returns the record.
+def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None, max_queued: int | None = None,
+               max_active_per_key: int = 0) -> dict[str, Any]:
+    """Write a queued record, index it and put it in the queue zsets (one Lua script); returns the record.
 
-    With `max_queued`, raises QueueFull instead when that many jobs are queued, in the same atomic step, so
-    concurrent creates can never overshoot the cap. The record exists before any Celery message does, so an
-    immediate GET never 404s.
+    With `max_queued`, raises QueueFull instead when that many jobs are queued (h3b:backlog, held batch items
+    included); with `max_active_per_key`, TooManyActive when the owner has that many queued or running. Both are
+    checked in the step that writes, so concurrent creates can never overshoot. The record exists before any Celery
+    message does, so an immediate GET never 404s.
     """
     now = time.time() if now is None else now
     job_id = new_job_id()
@@ -189,11 +199,15 @@ def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None,
     if spec.api != "jobs":
         record["api"] = spec.api
     pairs = [item for field_value in _encode(record).items() for item in field_value]
-    seq = r.eval(_CREATE, 8, keys.QUEUE, keys.SEQ, keys.job(job_id), keys.JOBS_INDEX, keys.owner_jobs(spec.owner),
+    seq = r.eval(_CREATE, 10, keys.QUEUE, keys.SEQ, keys.job(job_id), keys.JOBS_INDEX, keys.owner_jobs(spec.owner),
                  keys.owner_status(spec.owner, JobStatus.QUEUED.value), keys.events(job_id), keys.METRICS_JOBS,
-                 max_queued or 0, job_id, json.dumps({"status": JobStatus.QUEUED.value}), EVENTS_KEPT, *pairs)
-    if int(seq) < 0:
+                 keys.BACKLOG, keys.owner_status(spec.owner, JobStatus.IN_PROGRESS.value),
+                 max_queued or 0, max_active_per_key or 0, job_id, json.dumps({"status": JobStatus.QUEUED.value}),
+                 EVENTS_KEPT, *pairs)
+    if int(seq) == -1:
         raise QueueFull(f"{max_queued} jobs are queued")
+    if int(seq) == -2:
+        raise TooManyActive(f"{max_active_per_key} jobs of this key are queued or running")
     return load_job(r, job_id)  # type: ignore[return-value]
 
 
@@ -210,7 +224,8 @@ def queue_position(r: redis.Redis, job_id: str) -> int | None:
 
 
 def queued_count(r: redis.Redis) -> int:
-    return int(r.zcard(keys.QUEUE))
+    """Jobs queued now, held batch items included (what the queue cap counts)."""
+    return int(r.zcard(keys.BACKLOG))
 
 
 def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobStatus] | frozenset | None = None,
@@ -222,7 +237,8 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
     `expect_attempt` differs from its attempt (a stale worker); or ALLOWED forbids the move.
     Steps, in one MULTI/EXEC under WATCH of the record:
       1. HSET status plus `fields` (and `finished_at` on a finished status);
-      2. ZREM from the queue zset when leaving `queued`; ZADD to / ZREM from the running zset around `in_progress`;
+      2. ZREM from the queue zsets (h3b:queue, h3b:backlog) when leaving `queued` (ZADD when requeued); ZADD to /
+         ZREM from the running zset around `in_progress`;
       3. XADD a `status` event (`completed`, `failed` or `cancelled` for those) to the job's event stream;
       4. move the id from the owner's index of the old status to the new one's;
       5. on a finished status, EXPIRE record and stream after `record_ttl_s` (noting when in `h3b:expiry`, so the
@@ -256,8 +272,10 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
                 pipe.hset(key, mapping=_encode(update))
                 if status is JobStatus.QUEUED:
                     pipe.zrem(keys.QUEUE, job_id)
+                    pipe.zrem(keys.BACKLOG, job_id)
                 elif to is JobStatus.QUEUED:  # requeued after worker loss: back in line at its creation sequence
                     pipe.zadd(keys.QUEUE, {job_id: int(current[2] or 0)})
+                    pipe.zadd(keys.BACKLOG, {job_id: int(current[2] or 0)})
                 if to is JobStatus.IN_PROGRESS:
                     pipe.zadd(keys.RUNNING, {job_id: now})
                 elif status is JobStatus.IN_PROGRESS:
@@ -361,6 +379,7 @@ def delete_job(r: redis.Redis, job_id: str) -> bool:
         pipe.delete(keys.job(job_id))
         _unindex(pipe, job_id, owner)
         pipe.zrem(keys.QUEUE, job_id)
+        pipe.zrem(keys.BACKLOG, job_id)
         pipe.zrem(keys.RUNNING, job_id)
         pipe.delete(keys.events(job_id))
         pipe.publish(keys.done_channel(job_id), "deleted")

@@ -9,7 +9,10 @@
 | `h3b:owner:{owner}:status:{status}` | zset | one key's job ids in one status (GET /jobs?status=), same score |
 | `h3b:expiry` | zset | `{id}:{owner}` of finished jobs, score = when the record's TTL ends; the reaper drops index |
 | | | entries of records that are gone |
-| `h3b:queue` | zset | ids of `queued` jobs, score = creation sequence; ZRANK + 1 = queue position |
+| `h3b:queue` | zset | ids of `queued` jobs released to the workers, score = creation sequence; ZRANK + 1 = queue |
+| | | position (a held batch item is not in it until the feeder releases it) |
+| `h3b:backlog` | zset | every `queued` job, held batch items included, score = creation sequence: the queue cap |
+| | | (`H3BATCH_MAX_QUEUED`) and the `h3batch_jobs_queued` gauge count it |
 | `h3b:running` | zset | ids of `in_progress` jobs, score = claim time; the reconciler checks their leases |
 | `h3b:reconcile` | string | lock (SET NX PX) so one worker at a time runs the reconciler |
 | `h3b:seq` | string | INCR counter giving each job its creation sequence |
@@ -46,6 +49,7 @@ PREFIX = "h3b"
 
 JOBS_INDEX = f"{PREFIX}:jobs"
 QUEUE = f"{PREFIX}:queue"
+BACKLOG = f"{PREFIX}:backlog"
 RUNNING = f"{PREFIX}:running"
 RECONCILE_LOCK = f"{PREFIX}:reconcile"
 SEQ = f"{PREFIX}:seq"

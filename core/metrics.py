@@ -73,18 +73,8 @@ def count_transition(pipe: redis.client.Pipeline, old: str, to: str, update: dic
                 observe(pipe, STAGE_HISTOGRAM, (stage,), max(0.0, float(value)), defaults.STAGE_BUCKETS_S)
 
 
-def count_batch_created(pipe: redis.client.Pipeline, items: int) -> None:
-    """Queue the counts of a new batch on `pipe` (core/batches.py::create_batch, in its MULTI): the batch, and its
-    items as jobs entering `queued` (they are created by the batch's own script, not by jobs.create_job)."""
-    pipe.hincrby(keys.METRICS_BATCHES, "created", 1)
-    if items:
-        pipe.hincrby(keys.METRICS_JOBS, "queued", items)
-
-
-def count_batch_finished(pipe: redis.client.Pipeline, status: str) -> None:
-    """Queue the count of a batch reaching its final status (`completed` or `cancelled`) on `pipe`
-    (core/batches.py::check_finished, in the MULTI of the one call that stamps it finished)."""
-    pipe.hincrby(keys.METRICS_BATCHES, status, 1)
+# A batch's counts (`created` in h3b:metrics:batches, its items as jobs entering `queued`) are written by the script
+# that admits it, and its final status by the one that stamps it finished (core/batches.py: _ADMIT, _FINISH).
 
 
 def parse_histogram(raw: dict[str, str]) -> dict[tuple[str, ...], dict[str, Any]]:

@@ -209,8 +209,11 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "longest render: a job claimed longer ago fails `run_deadline`; visibility timeout is twice this"),
     ("H3BATCH_RESULT_TTL_S", "result_ttl_s", "86400", _positive_int, "service",
      "seconds a finished MP4 stays downloadable"),
-    ("H3BATCH_MAX_QUEUED", "max_queued", "1000", _positive_int, "service",
-     "queued jobs at which POST /jobs answers 503 queue_full"),
+    ("H3BATCH_MAX_QUEUED", "max_queued", "4000", _positive_int, "service",
+     "queued jobs (batch items included) at which a create answers 503 queue_full; a batch must fit whole"),
+    ("H3BATCH_MAX_ACTIVE_PER_KEY", "max_active_per_key", "1000", _positive_int, "service",
+     "queued + running jobs (batch items included) one API key may have; a create past it answers 429 "
+     "too_many_active_jobs (no limit with no API keys)"),
     ("H3BATCH_MAX_PROMPT_CHARS", "max_prompt_chars", "4000", _positive_int, "service", "longest prompt accepted"),
     ("H3BATCH_MAX_BATCH", "max_batch", "1000", _positive_int, "service",
      "most job requests one POST /batches may carry (400 batch_too_large above it)"),
@@ -363,7 +366,8 @@ class Settings:
     release_dir: str = "var/tiny-release"  # a directory or a Hub reference (HUB_RELEASE_RE)
     max_run_s: int = 600
     result_ttl_s: int = 86_400
-    max_queued: int = 1000
+    max_queued: int = 4000
+    max_active_per_key: int = 1000
     max_prompt_chars: int = 4000
     max_batch: int = 1000
     lease_ttl_s: float = 30.0

@@ -175,8 +175,9 @@ def test_twenty_item_batch_runs_to_its_archive_and_webhook(stack, rc, receiver):
         assert zf.testzip() is None
         names = zf.namelist()
         assert names[0] == "manifest.jsonl"
-        assert [json.loads(x) for x in zf.read("manifest.jsonl").splitlines()] == results
+        manifest = [json.loads(x) for x in zf.read("manifest.jsonl").splitlines()]
         expected = [f"clip-{i}.mp4" if i % 2 == 0 else f"{i:04d}.mp4" for i in range(ITEMS)]
+        assert [line.pop("file") for line in manifest] == expected and manifest == results
         assert names[1:] == expected
         for name, line in zip(expected, results):
             mp4 = zf.read(name)

@@ -144,11 +144,11 @@ def test_failure_lines_and_server_line_numbers(tmp_path):
     # The server counts the requests it got; the file had a blank line 2.
     assert client_batch._file_line("line 2: seconds: too long", tmp_path / "p.jsonl", [1, 3]) == \
         "p.jsonl line 3: seconds: too long"
-    # Named as the server's archive names its members: custom_id, else the index padded to 4 digits; clashes
-    # get the index appended.
+    # Named as the server's archive names its members (api/archive_names.py): custom_id first, else the index padded
+    # to 4 digits; a name already taken gets `~<index>`.
     assert client_batch.item_names([{"index": 0, "custom_id": "rain"}, {"index": 1, "custom_id": None},
                                     {"index": 2, "custom_id": "0001"}]) == \
-        {0: "rain.mp4", 1: "0001.mp4", 2: "0001-2.mp4"}
+        {0: "rain.mp4", 1: "0001~1.mp4", 2: "0001.mp4"}
 
 
 def test_refused_line_text_names_the_field_once():

@@ -62,7 +62,8 @@ def test_key_in_flight_is_409_and_frees_itself(keyed_stack):
     base, idem = keyed_stack.api.base, "flight-" + secrets.token_hex(8)
     r = keyed_stack.redis.client()
     owner = _owner_of(KEY_A)
-    held = idempotency.claim(r, owner, idem, idempotency.fingerprint(_validated(BODY)))  # a first request, mid-way
+    held = idempotency.claim(r, owner, idem, idempotency.fingerprint(_validated(BODY)),  # a first request, mid-way
+                             exists=lambda _: True)
     assert held.job_id is None
     reply = _post(base, KEY_A, idem)
     assert reply.status_code == 409 and reply.headers["Retry-After"] == "1"
@@ -72,6 +73,29 @@ def test_key_in_flight_is_409_and_frees_itself(keyed_stack):
     created = _post(base, KEY_A, idem)
     assert created.status_code == 202 and "Idempotent-Replayed" not in created.headers
     assert r.ttl(held.redis_key) > idempotency.IN_FLIGHT_TTL_S  # a key with its job is kept 24 h
+
+
+def test_a_key_whose_job_was_deleted_creates_afresh(keyed_stack):
+    """The rule after deletion (docs/api.md "Idempotency"): once the key's job is deleted, a replay creates a new job
+    (202, no Idempotent-Replayed; it was 404 job_not_found on a POST for 24 h), which later replays return; a replay
+    with another body is still 422; on /v1/videos alike. Concurrent replays after the delete create exactly one."""
+    base, idem = keyed_stack.api.base, "gone-" + secrets.token_hex(8)
+    first = _post(base, KEY_A, idem).json()["id"]
+    assert requests.delete(f"{base}/jobs/{first}", headers=bearer(KEY_A), timeout=30).status_code == 204
+    assert _post(base, KEY_A, idem, {**BODY, "seed": 43}).status_code == 422
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        replies = list(pool.map(lambda _: _post(base, KEY_A, idem), range(8)))
+    assert {r.status_code for r in replies} <= {202, 409}, [r.text for r in replies]
+    fresh = [r for r in replies if r.status_code == 202 and "Idempotent-Replayed" not in r.headers]
+    assert len(fresh) == 1 and fresh[0].json()["id"] != first
+    again = _post(base, KEY_A, idem)
+    assert again.headers["Idempotent-Replayed"] == "true" and again.json()["id"] == fresh[0].json()["id"]
+    video = {"prompt": "a gong", "size": "128x64", "seconds": "4"}
+    headers = {**bearer(KEY_A), "Idempotency-Key": "v1-" + idem}
+    made = requests.post(f"{base}/v1/videos", json=video, headers=headers, timeout=30).json()["id"]
+    assert requests.delete(f"{base}/v1/videos/{made}", headers=bearer(KEY_A), timeout=30).ok
+    remade = requests.post(f"{base}/v1/videos", json=video, headers=headers, timeout=30)
+    assert remade.status_code == 202 and remade.json()["id"] != made and "Idempotent-Replayed" not in remade.headers
 
 
 def test_keys_are_scoped_per_api_key(keyed_stack):
