@@ -250,6 +250,9 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
     ("H3BATCH_METRICS_TOKEN", "metrics_token", "(unset: loopback only)", _text, "api",
      "Bearer token GET /metrics requires (Prometheus' `authorization` credentials); unset, only loopback clients "
      "without proxy headers may scrape"),
+    ("H3BATCH_DEFAULT_PRECISION", "default_precision", "bf16", _choice("bf16", "fp8"), "api",
+     "precision a job gets when it asks for none: `bf16` (the release's semantics; such a job never lands on an "
+     "fp8 worker) or `fp8` (the operator accepts fp8 output for jobs that do not ask); see docs/api.md \"Routing\""),
     ("H3BATCH_OPENAI_MODEL", "openai_model", "FastVideo/FastVideo-FastH3-8-Step-V2", _text, "api",
      "the `model` name /v1/videos reports and accepts"),
     # worker
@@ -268,6 +271,9 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "where the text encoder's weights live between prompts: `auto` (the memory plan's choice: on the GPU when the "
      "longest clip fits beside it), `resident` (GPU), `offload` (host memory, copied to the GPU to encode), "
      "`stream` (host memory, one layer at a time on the GPU); see docs/performance.md"),
+    ("H3BATCH_PRECISION", "precision", "bf16", _choice("bf16", "fp8"), "worker",
+     "numeric precision this worker renders in: `bf16` (the release's semantics) or `fp8` (opt-in, see "
+     "docs/performance.md); advertised in its heartbeat, jobs route by it (docs/service.md \"Routing\")"),
     ("H3BATCH_WORKER_NAME", "worker_name", "<hostname>-<pid>", _text, "worker",
      "worker name in heartbeats and job records"),
     ("H3BATCH_STALL_S", "stall_s", "60", _non_negative_float, "worker",
@@ -370,12 +376,14 @@ class Settings:
     sse_keepalive_s: float = 15.0
     canvas: str = "tiny"
     metrics_token: str | None = field(default=None, repr=False)  # secret: never in repr or logs
+    default_precision: str = "bf16"
     openai_model: str = "FastVideo/FastVideo-FastH3-8-Step-V2"
     hf_cache: Path | None = None
     require_pinned_base: bool = False
     device: str | None = None
     ranks: str = "1"
     text_encoder_placement: str = "auto"
+    precision: str = "bf16"
     worker_name: str = ""
     stall_s: float = 60.0
     render_stall_s: float = 300.0
