@@ -73,15 +73,15 @@ def advertised_max_rows(override: int | None = None, plan_max_rows: int | None =
 
 
 def plan_max_rows_of(pipeline: Any) -> int | None:
-    """The memory plan's `max_rows` for a loaded pipeline on CUDA, None otherwise: the hook the plan plugs into.
+    """The memory plan's `max_rows` for a loaded pipeline, None when it has none: the hook the plan plugs into.
 
-    Reads `pipeline.memory_plan.max_rows` (Pipeline.load attaches the plan; a rank group carries rank 0's). On a
-    CPU the plan's activation constants (calibrated on the H200 at V2 size) and "device memory" (host RAM) say
-    nothing about what fits, so a CPU worker advertises the contract's maximum instead.
+    Reads `pipeline.memory_plan.max_rows` (Pipeline.load attaches the plan; a rank group carries rank 0's). On a GPU
+    the plan is made with the activation costs measured on the H200; on the CPU with those measured on the CPU
+    (worker/h3/memory_plan.py `CPU_CALIBRATION`) against the host's RAM, so a CPU worker advertises what its RAM
+    holds, not the contract's maximum.
     """
     plan = getattr(pipeline, "memory_plan", None)
-    device = str(getattr(pipeline, "device", ""))
-    if plan is None or not device.startswith("cuda"):
+    if plan is None:
         return None
     return getattr(plan, "max_rows", None)
 
