@@ -175,7 +175,7 @@ def plan_for(device: torch.device, dit, text, video_vae, audio_vae, *, ranks: in
                                   text_unit=max(module_bytes(unit) for unit in units),
                                   video_vae=module_bytes(video_vae), audio_vae=module_bytes(audio_vae))
     calibration = (memory_plan.H200_CALIBRATION if device.type == "cuda"
-                   else memory_plan.cpu_calibration(dit.config.num_attention_heads))
+                   else memory_plan.cpu_calibration(dit.config.num_attention_heads, dit.config.hidden_size))
     return memory_plan.plan(sizes, gpu_bytes=device_memory_bytes(device), ranks=ranks, canvas=canvas,
                             placement=placement, calibration=calibration)
 
