@@ -1,6 +1,6 @@
 """Routing by capability, end to end: two real workers of different advertised capacity on one Redis and one API.
 
-`small` advertises H3BATCH_MAX_ROWS=3000 (it serves up to 2,896 rows, its step of the routing ladder); `large`
+`small` advertises H3BATCH_MAX_ROWS=2000 (it serves up to 1,723 rows, its step of the routing ladder); `large`
 advertises its CPU memory plan (host RAM). Jobs go only to the queues of what they need (core/routing.py), so a job
 too large for `small` waits for `large` instead of landing on `small` and failing `exceeds_worker_capacity`, also
 when it is re-sent after `large` dies mid-render. What no live worker serves (a precision, a task, a size) is
@@ -19,9 +19,9 @@ from h3batch.worker import reaper
 from tests.service_stack import poll_until
 from tests.system.conftest import RedisServer, Stack
 
-SMALL_ROWS = 3000
+SMALL_ROWS = 2000
 SMALL_JOB = (128, 32, 4.0)  # 1,508 rows: both workers serve it
-LARGE_JOB = (256, 128, 15.0)  # 5,654 rows (step 5,788): only `large`
+LARGE_JOB = (256, 128, 4.0)  # 2,404 rows (step 2,436): only `large`
 WEB_LARGEST = (1344, 768, 15.0)  # the web page's largest choice: 110,086 rows, more than a CPU's host RAM serves
 
 
@@ -79,7 +79,7 @@ def test_heartbeats_advertise_each_workers_capability_and_it_consumes_their_queu
 
 
 def test_a_job_too_large_for_one_worker_waits_for_the_other_instead_of_failing(stack):
-    """Two 5,654-row jobs sent together: `large` renders one, the other waits in its queue while `small` is idle
+    """Two 2,404-row jobs sent together: `large` renders one, the other waits in its queue while `small` is idle
     (with one shared queue `small` took it and failed it exceeds_worker_capacity); both complete on `large`. A job
     both serve completes too."""
     first, second = (submit(stack, LARGE_JOB) for _ in range(2))
@@ -95,7 +95,7 @@ def test_a_job_too_large_for_one_worker_waits_for_the_other_instead_of_failing(s
 
 
 def test_a_job_resent_after_its_worker_died_goes_back_to_its_capability_queue(stack):
-    """`large` is killed mid-render of a 5,654-row job: the reaper (run by `small`'s heartbeat) puts it back in
+    """`large` is killed mid-render of a 2,404-row job: the reaper (run by `small`'s heartbeat) puts it back in
     line on its own capability queue, where it waits (state queued, message in that queue) while `small` stays
     READY; a new large worker renders it as attempt 2."""
     reply = submit(stack, LARGE_JOB)
@@ -136,7 +136,7 @@ def test_what_no_live_worker_serves_is_refused_at_submission_naming_what_is_miss
         assert reply.status_code == 422, reply.text
         error = reply.json()["error"]
         assert (error["code"], error["retryable"]) == (code, False), error
-        assert missing in error["message"] and "t2va bf16 up to 2896 rows (v2)" in error["message"], error
+        assert missing in error["message"] and "t2va bf16 up to 1723 rows (v2)" in error["message"], error
     lines = [{"prompt": "a", "width": 128, "height": 32, "seconds": 4},
              {"prompt": "b", "width": 128, "height": 32, "seconds": 4, "precision": "fp8"},
              {"prompt": "c", "width": 1344, "height": 768, "seconds": 15},
