@@ -13,8 +13,11 @@ import json
 import pytest
 import requests
 
-from h3batch.core import broker, keys, routing
+from h3batch.core import broker, defaults, keys, routing
+from h3batch.core import jobs as store
+from h3batch.core.celery_app import make_celery
 from h3batch.core.geometry import CONTRACT_MAX_ROWS, TINY_CANVAS, RequestGeometry
+from h3batch.core.jobs import JobSpec
 from h3batch.worker import reaper
 from tests.service_stack import poll_until
 from tests.system.conftest import RedisServer, Stack
@@ -148,3 +151,16 @@ def test_what_no_live_worker_serves_is_refused_at_submission_naming_what_is_miss
         (2, "precision", "no_capable_worker"), (3, "body", "exceeds_worker_capacity"),
         (4, "task", "no_capable_worker")], details
     assert (r.zcard(keys.JOBS_INDEX), broker.render_depth(r)) == before
+
+
+def test_a_job_sent_by_hand_to_a_worker_of_another_precision_fails_instead_of_rendering_in_it(stack):
+    """A fp8 job whose message is sent by hand to a queue `small` consumes fails `no_capable_worker` there: a
+    worker never renders a job in a precision it was not asked for."""
+    r = stack.redis.client()
+    record = store.create_job(r, JobSpec(prompt="rain", seconds=4.0, width=128, height=32, seed=3, precision="fp8"),
+                              max_queued=100)
+    make_celery(stack.redis.url, max_run_s=60).send_task(defaults.RENDER_TASK, args=[record["id"]],
+                                                         queue=routing.queue_name("t2va", "bf16", 1449))
+    job = finished(stack, record["id"])
+    assert (job["status"], job["error"]["code"], job["precision"]) == ("failed", "no_capable_worker", "fp8"), job
+    assert job["error"]["message"] == "this worker serves t2va in bf16; the job needs t2va in fp8"
