@@ -132,10 +132,10 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
         caller.vet_webhook_url(sub.webhook_url)  # the batch's own: 400/422 for the whole submission
     items: list[batches.Item] = []
     refused: list[dict[str, Any]] = []
-    over: list[dict[str, Any]] = []  # lines larger than any worker serves
+    over: list[dict[str, Any]] = []  # lines no worker serves (too large, or task/precision not served)
     canonical: list[Any] = []
     seen: set[str] = set()
-    limit = capacity.fleet_limit(caller.r)  # read once: every line is measured against the same fleet
+    fleet = capacity.fleet(caller.r)  # read once: every line is measured against the same fleet
     for index, (line, raw) in enumerate(sub.lines):
         def refuse(where: str, message: str, line: int = line) -> None:
             refused.append({"line": line, "field": where, "message": message})
@@ -171,13 +171,17 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
         # The idempotency form holds the request, not the fleet's verdict: a retry after the fleet changed is still
         # the same request (the first attempt's outcome is replayed).
         canonical.append({**req.model_dump(mode="json"), "custom_id": custom_id})
-        too_large = job_service.over_capacity(limit, req)
-        if too_large is not None:  # as POST /jobs answers 422 exceeds_worker_capacity: no worker could render it
-            over.append({"line": line, "field": "body", "message": f"exceeds_worker_capacity: {too_large}"})
+        need = job_service.need_of(req, caller.default_precision)
+        unserved = job_service.over_capacity(fleet, need)
+        if unserved is not None:  # as POST /jobs answers 422 exceeds_worker_capacity / no_capable_worker
+            code, message = unserved
+            field = "body" if code == "exceeds_worker_capacity" else (
+                "task" if message.startswith("task") else "precision")
+            over.append({"line": line, "field": field, "message": f"{code}: {message}"})
             continue
         spec = JobSpec(prompt=req.prompt, seconds=float(req.seconds), width=req.width, height=req.height,
                        seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
-                       owner=caller.owner, webhook_url=req.webhook_url)
+                       owner=caller.owner, webhook_url=req.webhook_url, task=need.task, precision=need.precision)
         items.append(batches.Item(spec=spec, index=index, custom_id=custom_id))
     form = {"requests": canonical, "refused": refused, "metadata": sub.metadata, "on_invalid": sub.on_invalid,
             "webhook_url": sub.webhook_url}

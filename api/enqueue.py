@@ -12,8 +12,8 @@ import threading
 from celery import Celery
 from flask import current_app
 
-from h3batch.core import defaults
-from h3batch.core.celery_app import make_celery
+from h3batch.api.redis_client import get_redis
+from h3batch.core.celery_app import make_celery, send_render
 
 _EXTENSION_KEY = "h3batch.celery"
 _create_lock = threading.Lock()
@@ -32,5 +32,5 @@ def _sender() -> Celery:
 
 
 def enqueue_render(job_id: str) -> None:
-    """Publish one `h3batch.render(job_id)` message on the render queue."""
-    _sender().send_task(defaults.RENDER_TASK, args=[job_id], queue=defaults.RENDER_QUEUE)
+    """Publish one `h3batch.render(job_id)` message on the job's capability queue (core/routing.py)."""
+    send_render(_sender(), get_redis(), job_id)

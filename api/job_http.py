@@ -34,7 +34,8 @@ def caller(job_id: str | None = None) -> job_service.Caller:
                               creates_per_min=rate_limits().creates_per_min,
                               result_ttl_s=current_app.config["RESULT_TTL_S"], send_render=_send_render,
                               vet_webhook_url=vet_webhook_url, request_id=g.get("request_id"),
-                              store=app_store())
+                              store=app_store(),
+                              default_precision=current_app.config.get("DEFAULT_PRECISION") or "bf16")
 
 
 def app_store() -> ArtifactStore:

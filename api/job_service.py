@@ -23,10 +23,9 @@ from pydantic import ValidationError
 from h3batch.api import idempotency
 from h3batch.api.errors import ApiError
 from h3batch.api.schemas import CreateJob, first_error
-from h3batch.core import capacity, defaults, keys
+from h3batch.core import capacity, defaults, keys, routing
 from h3batch.core import jobs as store
 from h3batch.core.artifact_store import ArtifactStore, LocalStore, StoredObject, StoreUnavailable
-from h3batch.core.geometry import MAX_TEXT_ROWS, RequestGeometry
 from h3batch.core.jobs import FINISHED, BadCursor, JobSpec, JobStatus
 
 log = logging.getLogger("h3batch.api")
@@ -61,7 +60,7 @@ def validate_create(body: dict, *, max_prompt_chars: int, canvas: str | None) ->
     except ValidationError as exc:
         kind, where, message = first_error(exc)
         if kind == "extra_forbidden":
-            message = f"{where}: unknown field (accepted: prompt, seconds, width, height, seed, release, webhook_url)"
+            message = f"{where}: unknown field (accepted: prompt, seconds, width, height, aspect_ratio, seed, release, webhook_url, precision, task)"
         elif kind not in _OWN_MESSAGES:
             message = f"{where}: {message}"
         named = _NAMED.match(message)
@@ -104,6 +103,8 @@ class Caller:
     """The `creates` bucket's quota (0: off); a batch spends one token per item when it is admitted."""
     store: ArtifactStore | None = None
     """Where finished MP4s live (H3BATCH_ARTIFACT_STORE); None: the local `artifacts_dir`."""
+    default_precision: str = routing.DEFAULT_PRECISION
+    """The precision of a job that asks for none (H3BATCH_DEFAULT_PRECISION)."""
 
     @property
     def artifacts(self) -> ArtifactStore:
@@ -156,14 +157,16 @@ def create_job(caller: Caller, req: CreateJob, words: Vocabulary, idempotency_ke
 
 def _create_and_enqueue(caller: Caller, req: CreateJob, api: str) -> dict[str, Any]:
     """Write the queued record, then send its message; a refused message fails the job (never left queued).
-    422 exceeds_worker_capacity, 400/422 webhook_url refused, 429 too_many_active_jobs, 503 queue_full or
-    storage_unavailable."""
-    check_capacity(caller.r, req)  # before anything is written
+    422 exceeds_worker_capacity / no_capable_worker, 400/422 webhook_url refused, 429 too_many_active_jobs, 503
+    queue_full or storage_unavailable."""
+    need = need_of(req, caller.default_precision)
+    check_capacity(caller.r, need)  # before anything is written
     if req.webhook_url is not None:
         caller.vet_webhook_url(req.webhook_url)  # before anything is written
     spec = JobSpec(prompt=req.prompt, seconds=float(req.seconds), width=req.width, height=req.height,
                    seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
-                   owner=caller.owner, webhook_url=req.webhook_url, api=api)
+                   owner=caller.owner, webhook_url=req.webhook_url, api=api, task=need.task,
+                   precision=need.precision)
     try:  # caps and write in one step
         record = store.create_job(caller.r, spec, max_queued=caller.max_queued,
                                   max_active_per_key=caller.max_active_per_key if caller.owner else 0)
@@ -203,23 +206,31 @@ def too_many_active(caller: Caller, asked: int) -> ApiError:
                     {"Retry-After": str(defaults.QUEUE_FULL_RETRY_AFTER_S)})
 
 
-def check_capacity(r: redis.Redis, req: CreateJob) -> None:
-    """422 exceeds_worker_capacity when the request needs more rows than the fleet serves (core/capacity.py rules:
-    the largest `max_rows` of a live worker; with none live, the last one known; nothing known: accept)."""
-    refusal = over_capacity(capacity.fleet_limit(r), req)
-    if refusal is not None:
-        raise ApiError(422, "exceeds_worker_capacity", refusal, False)
+def need_of(req: CreateJob, default_precision: str) -> routing.Need:
+    """What a validated request needs from a worker: its task, its precision (the operator's default when it asks
+    for none) and its rows."""
+    return routing.Need.of(req.width, req.height, float(req.seconds), task=req.task,
+                           precision=req.precision or default_precision)
 
 
-def over_capacity(limit: capacity.FleetLimit | None, req: CreateJob) -> str | None:
-    """Why `req` is over `limit` (a message naming both figures), or None when it fits or nothing is known."""
-    if limit is None:
+def check_capacity(r: redis.Redis, need: routing.Need) -> None:
+    """422 when no worker serves `need` (core/capacity.py: the live workers' capabilities; with none live, the last
+    ones known): exceeds_worker_capacity (too large for every worker of its task and precision) or
+    no_capable_worker (task or precision not served). Nothing known: only the release's own task is accepted."""
+    refused = over_capacity(capacity.fleet(r), need)
+    if refused is not None:
+        raise ApiError(422, refused[0], refused[1], False)
+
+
+def over_capacity(fleet: capacity.Fleet | None, need: routing.Need) -> tuple[str, str] | None:
+    """(code, message) when no worker of `fleet` serves `need`, else None."""
+    if fleet is None:
+        if need.task != routing.DEFAULT_TASK:
+            return "no_capable_worker", (f"task {need.task!r}: no worker is known to serve it (no worker has been "
+                                         f"seen within {defaults.CAPACITY_MEMORY_S} s; a worker of the release "
+                                         f"serves {routing.DEFAULT_TASK!r})")
         return None
-    rows = RequestGeometry(req.width, req.height, float(req.seconds)).capacity_rows
-    if rows <= limit.max_rows:
-        return None
-    return (f"this request needs {rows} rows ({req.width}x{req.height}, {float(req.seconds):g} s: video and audio "
-            f"rows plus {MAX_TEXT_ROWS} text rows) and {limit.describe()}; ask for a smaller canvas or a shorter clip")
+    return fleet.refusal(need)
 
 
 def page_limit(text: str, *, digits_only: bool = False) -> int:

@@ -260,7 +260,7 @@ class ServiceCollector:
 
         family = GaugeMetricFamily("h3batch_queue_depth", "Messages waiting in the broker per Celery queue",
                                    labels=["queue"])
-        family.add_metric([defaults.RENDER_QUEUE], broker.ready_depth(r, defaults.RENDER_QUEUE))
+        family.add_metric([defaults.RENDER_QUEUE], broker.render_depth(r))  # every capability queue together
         family.add_metric([self.sweep_queue], broker.ready_depth(r, self.sweep_queue, SWEEP_KEY_PREFIX))
         yield family
 

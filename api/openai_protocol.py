@@ -51,7 +51,7 @@ _FLOAT_FIELDS = ("guidance_scale", "flow_shift", "audio_flow_shift")
 _INT_FIELDS = ("seed", "width", "height", "num_frames", "fps")
 _ACCEPTED = ("prompt", "model", "seconds", "size", "user", "width", "height", "num_frames", "fps", "seed",
              "num_inference_steps", "guidance_scale", "flow_shift", "audio_flow_shift", "generate_sound",
-             "extra_params", "webhook_url", "release", "aspect_ratio", *_NO_CFG_FIELDS)
+             "extra_params", "webhook_url", "release", "aspect_ratio", "precision", *_NO_CFG_FIELDS)
 
 
 # --- the create body as JSON Schema (GET /openapi.json) ---
@@ -97,6 +97,9 @@ def create_body_schema(model_id: str = DEFAULT_MODEL_ID) -> dict[str, Any]:
         "user": _optional({"type": "string"}),
         "webhook_url": _optional({"type": "string"}, description="http(s) URL for the signed completion POST"),
         "release": _optional({"type": "string"}, description="release id the job needs"),
+        "precision": _optional({"type": "string", "enum": ["bf16", "fp8"]},
+                               description="h3batch extension: bf16 (the release's semantics; the default) or fp8 "
+                                           "(opt-in); only workers of that precision render it"),
         "aspect_ratio": _optional({"type": "string", "enum": list(ASPECT_RATIOS)},
                                   description="instead of size: the release's trained bucket"),
     }
@@ -237,6 +240,7 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
     _as_text("user", fields.get("user"))  # OpenAI's end-user id: checked, then not used
     return {"prompt": fields["prompt"], "seconds": seconds, **size, "seed": ints.get("seed"),
             "release": _as_text("release", fields.get("release")),
+            **({"precision": fields["precision"]} if fields.get("precision") not in (None, "") else {}),
             "webhook_url": _as_text("webhook_url", fields.get("webhook_url"))}
 
 

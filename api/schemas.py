@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from h3batch.core import defaults
+from h3batch.core import defaults, routing
 from h3batch.core.geometry import (
     ASPECT_RATIOS,
     CANVAS_PROFILES,
@@ -28,6 +28,11 @@ StageName = Literal["queued", "text_encode", "denoise", "decode", "mux", "finali
 MAX_SECONDS = 3600.0
 """Durations above this are refused before the geometry rules (round(24 * 1e308) overflows); the window is 4..15 s."""
 
+
+Precision = Literal["bf16", "fp8"]
+"""core.routing.PRECISIONS as a schema type."""
+Task = Literal["t2va", "fl2va", "ref2va"]
+"""core.routing.TASKS as a schema type; the fleet's heartbeats say which of them are served."""
 
 AspectRatio = Literal["16:9", "9:16", "1:1", "4:3", "3:4"]
 """core.geometry.ASPECT_RATIOS as a schema type (tests check the two agree)."""
@@ -60,6 +65,13 @@ class CreateJob(BaseModel):
     webhook_url: str | None = Field(None, min_length=1, max_length=2048,
                                     description="http(s) URL that gets a signed POST (Standard Webhooks) when the job "
                                                 "completes, fails or is cancelled; see docs/api.md.")
+    precision: Precision | None = Field(None, description="Numeric precision of the render: `bf16` (the release's "
+                                        "semantics) or `fp8` (opt-in, faster, with a stated error). Absent: the "
+                                        "server's default (bf16 unless the operator set H3BATCH_DEFAULT_PRECISION). "
+                                        "The job goes only to workers of that precision; 422 no_capable_worker when "
+                                        "no live worker renders it.")
+    task: Task = Field(routing.DEFAULT_TASK, description="Workflow: `t2va` (text to video with sound). A task no "
+                       "live worker serves gets 422 no_capable_worker naming what the fleet serves.")
 
     @field_validator("seed", "width", "height", "seconds", mode="before")
     @classmethod
@@ -195,6 +207,9 @@ class Job(BaseModel):
     seed: int
     release: str | None = Field(None, description="Release requested (null: whatever the worker serves).")
     release_id: str | None = Field(None, description="Release that rendered the job.")
+    task: Task = Field(routing.DEFAULT_TASK, description="Workflow the job runs.")
+    precision: Precision = Field(routing.DEFAULT_PRECISION, description="Precision it renders in (workers of that "
+                                                                        "precision only).")
     created_at: float
     started_at: float | None = None
     finished_at: float | None = None
@@ -238,6 +253,7 @@ def job_view(record: dict[str, Any], queue_position: int | None) -> dict[str, An
         queue_position=queue_position if record["status"] == "queued" else None,
         prompt=record.get("prompt", ""), seconds=record["seconds"], width=record["width"], height=record["height"],
         seed=record["seed"], release=record.get("release"), release_id=record.get("release_id"),
+        task=record.get("task") or routing.DEFAULT_TASK, precision=record.get("precision") or routing.DEFAULT_PRECISION,
         created_at=created, started_at=started, finished_at=finished, expires_at=record.get("expires_at"),
         queue_wait_s=None if started is None else round(started - created, 6),
         inference_time_s=None if not timings else round(sum(timings.values()), 6),

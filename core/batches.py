@@ -166,7 +166,8 @@ def create_batch(r: redis.Redis, owner: str, items: list[Item], *, metadata: dic
             "id": job_id, "status": JobStatus.QUEUED, "stage": Stage.QUEUED, "step": 0,
             "total_steps": defaults.TOTAL_STEPS, "progress": 0.0, "prompt": spec.prompt, "seconds": spec.seconds,
             "width": spec.width, "height": spec.height, "seed": spec.seed, "release": spec.release,
-            "owner": owner, "created_at": now, "attempt": 0, "batch_id": batch_id, "batch_index": item.index}
+            "owner": owner, "created_at": now, "attempt": 0, "batch_id": batch_id, "batch_index": item.index,
+            "task": spec.task, "precision": spec.precision}
         if spec.webhook_url:
             record["webhook_url"] = spec.webhook_url
         if item.custom_id is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import redis
 
-from h3batch.core import defaults
+from h3batch.core import defaults, routing
 
 KOMBU_PRIORITY_SEP = "\x06\x16"
 KOMBU_PRIORITY_STEPS = (3, 6, 9)
@@ -26,4 +26,14 @@ def ready_depth(r: redis.Redis, queue: str = defaults.RENDER_QUEUE, prefix: str 
     with r.pipeline(transaction=False) as pipe:
         for name in ready_lists(queue, prefix):
             pipe.llen(name)
+        return sum(int(n) for n in pipe.execute())
+
+
+def render_depth(r: redis.Redis) -> int:
+    """Render messages waiting in every capability queue (core/routing.all_queues) plus the plain `render` queue
+    (messages sent before routing, or without a queue): the figure `h3batch_queue_depth{queue="render"}` shows."""
+    with r.pipeline(transaction=False) as pipe:
+        for queue in [defaults.RENDER_QUEUE, *routing.all_queues()]:
+            for name in ready_lists(queue):
+                pipe.llen(name)
         return sum(int(n) for n in pipe.execute())

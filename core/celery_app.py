@@ -1,14 +1,31 @@
-"""The Celery app: JSON-only messages, one `render` queue for GPU workers, settings for long GPU tasks (spec §3).
+"""The Celery app: JSON-only messages, render queues by capability for GPU workers, settings for long GPU tasks
+(spec §3).
 
 `make_celery(redis_url)` builds a configured app; the API calls it on first use to *send* (by task name, never
 importing h3batch.worker.tasks, so no torch), the worker at start to consume. Nothing is built or read from the
-environment at import time.
+environment at import time. `send_render` is the one way a render message is sent (API, worker re-send, reaper,
+batch feeder): it names the queue of what the job needs (core/routing.py).
 """
 from __future__ import annotations
 
+import redis
 from celery import Celery
 
-from h3batch.core import defaults
+from h3batch.core import defaults, keys, routing
+
+ROUTE_FIELDS = ("width", "height", "seconds", "task", "precision")
+"""The record fields `routing.queue_of` reads."""
+
+
+def send_render(sender: Celery, r: redis.Redis, job_id: str) -> str | None:
+    """Publish `h3batch.render(job_id)` on the job's capability queue; returns the queue, None (nothing sent) when
+    the record is gone (a deleted or expired job has nothing to render)."""
+    values = r.hmget(keys.job(job_id), list(ROUTE_FIELDS))
+    if values[0] is None:
+        return None
+    queue = routing.queue_of({name: value or None for name, value in zip(ROUTE_FIELDS, values)})
+    sender.send_task(defaults.RENDER_TASK, args=[job_id], queue=queue)
+    return queue
 
 
 def make_celery(redis_url: str, *, max_run_s: int = defaults.MAX_RUN_S, include_tasks: bool = False) -> Celery:
@@ -39,8 +56,9 @@ def make_celery(redis_url: str, *, max_run_s: int = defaults.MAX_RUN_S, include_
         worker_soft_shutdown_timeout=60.0,
         # Our structured log handler stays in charge of the root logger.
         worker_hijack_root_logger=False,
+        # Every render message names its queue (send_render); a message sent without one lands in `render`, which
+        # no worker consumes, so nothing renders on a worker that was not chosen for it.
         task_default_queue=defaults.RENDER_QUEUE,
-        task_routes={defaults.RENDER_TASK: {"queue": defaults.RENDER_QUEUE}},
         task_create_missing_queues=True,
         # Task events (sent by the API, received/started/succeeded by the worker) feed Flower (docs/service.md
         # "Monitoring"). On Redis they are pub/sub messages: nothing is stored when no monitor listens.

@@ -49,6 +49,14 @@ class ExceedsWorkerCapacity(JobError):
     code = "exceeds_worker_capacity"
 
 
+class NoCapableWorker(JobError):
+    """The job needs a task or precision this worker does not serve (core/routing.py); routing sends it only to
+    workers that do and the API refuses it up front with 422 of the same code, so a worker sees one only when a
+    message was sent to a queue by hand (`h3batch worker --queues`)."""
+
+    code = "no_capable_worker"
+
+
 class GpuOutOfMemory(JobError):
     """The render ran out of GPU memory (torch.OutOfMemoryError). Not retryable: the same request on the same
     fleet would fail the same way; the worker freed the memory and serves the next job (worker/oom.py)."""

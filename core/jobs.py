@@ -84,6 +84,8 @@ class JobSpec:
     owner: str = ""
     webhook_url: str | None = None  # vetted by h3batch.core.webhook_urls.check_url at the door
     api: str = "jobs"  # which view created it: "jobs" or "openai" (/v1/videos); picks webhook event names
+    task: str = "t2va"  # core/routing.TASKS; with precision and the rows, names the job's render queue
+    precision: str = "bf16"  # core/routing.PRECISIONS
 
 
 
@@ -192,7 +194,7 @@ def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None, max_q
         "id": job_id, "status": JobStatus.QUEUED, "stage": Stage.QUEUED, "step": 0,
         "total_steps": defaults.TOTAL_STEPS, "progress": 0.0, "prompt": spec.prompt, "seconds": spec.seconds,
         "width": spec.width, "height": spec.height, "seed": spec.seed, "release": spec.release,
-        "owner": spec.owner, "created_at": now, "attempt": 0,
+        "owner": spec.owner, "created_at": now, "attempt": 0, "task": spec.task, "precision": spec.precision,
     }
     if spec.webhook_url:
         record["webhook_url"] = spec.webhook_url

@@ -27,4 +27,5 @@ USER h3batch
 # Warm stop: SIGTERM acts as SIGQUIT for Celery, so the unacked render message is restored instead of waiting out
 # the visibility timeout; compose gives it stop_grace_period to do so.
 ENV REMAP_SIGTERM=SIGQUIT
-CMD ["h3batch", "worker", "--queues", "render"]
+# No --queues: the worker consumes the render queues of its capability (docs/service.md "Routing").
+CMD ["h3batch", "worker"]

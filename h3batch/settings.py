@@ -253,6 +253,9 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
     ("H3BATCH_METRICS_TOKEN", "metrics_token", "(unset: loopback only)", _text, "api",
      "Bearer token GET /metrics requires (Prometheus' `authorization` credentials); unset, only loopback clients "
      "without proxy headers may scrape"),
+    ("H3BATCH_DEFAULT_PRECISION", "default_precision", "bf16", _choice("bf16", "fp8"), "api",
+     "precision a job gets when it asks for none: `bf16` (the release's semantics; such a job never lands on an "
+     "fp8 worker) or `fp8` (the operator accepts fp8 output for jobs that do not ask); see docs/api.md \"Routing\""),
     ("H3BATCH_OPENAI_MODEL", "openai_model", "FastVideo/FastVideo-FastH3-8-Step-V2", _text, "api",
      "the `model` name /v1/videos reports and accepts"),
     # worker
@@ -274,7 +277,7 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
     ("H3BATCH_PRECISION", "precision", "bf16", _choice("bf16", "fp8"), "worker",
      "DiT precision of this worker: `bf16` (the release's semantics) or `fp8` (opt-in: the DiT block linears in "
      "e4m3 with row-wise scales, quantized once at load; needs a GPU of compute capability >= 8.9; error figures in "
-     "docs/performance.md)"),
+     "docs/performance.md); advertised in its heartbeat, jobs route by it (docs/service.md \"Routing\")"),
     ("H3BATCH_COMPILE_CACHE", "compile_cache", "(unset: the libraries' own per-user temp dirs)", _path, "worker",
      "persistent directory for the TorchInductor and Triton compile caches (mount a volume there: a restarted "
      "worker then skips recompiling; docs/deploy.md)"),
@@ -386,6 +389,7 @@ class Settings:
     sse_keepalive_s: float = 15.0
     canvas: str = "tiny"
     metrics_token: str | None = field(default=None, repr=False)  # secret: never in repr or logs
+    default_precision: str = "bf16"
     openai_model: str = "FastVideo/FastVideo-FastH3-8-Step-V2"
     hf_cache: Path | None = None
     require_pinned_base: bool = False

@@ -18,7 +18,14 @@ import redis
 
 from h3batch.core import defaults, jobs, lease
 from h3batch.core.artifact_store import ArtifactStore, StoreUnavailable, open_store, sha256_file
-from h3batch.core.exceptions import ExceedsWorkerCapacity, GpuOutOfMemory, InvalidRequest, JobError, ReleaseMismatch
+from h3batch.core.exceptions import (
+    ExceedsWorkerCapacity,
+    GpuOutOfMemory,
+    InvalidRequest,
+    JobError,
+    NoCapableWorker,
+    ReleaseMismatch,
+)
 from h3batch.core.geometry import RequestGeometry
 from h3batch.core.jobs import JobStatus, Stage
 from h3batch.worker import job_metadata, reaper
@@ -104,7 +111,8 @@ class Attempt:
     def render(self) -> Any:
         """Check the job against this worker, render it into the attempt's file; returns the `RenderResult`.
 
-        Raises ReleaseMismatch / InvalidRequest / ExceedsWorkerCapacity (refusals), RenderCancelled or LeaseLost
+        Raises ReleaseMismatch / NoCapableWorker / InvalidRequest / ExceedsWorkerCapacity (refusals), RenderCancelled
+        or LeaseLost
         (stopped), or what the pipeline raised (torch.OutOfMemoryError among it).
         """
         from h3batch.worker.pipeline import RenderRequest  # noqa: PLC0415  (torch)
@@ -114,6 +122,11 @@ class Attempt:
         if wanted and wanted != pipeline.release_id:
             raise ReleaseMismatch(f"release: this worker serves {pipeline.release_id!r}, the job asks for "
                                   f"{wanted!r}")
+        serves = self.res.capability  # None: a Resident built without one (tests)
+        task, precision = record.get("task") or "t2va", record.get("precision") or "bf16"
+        if serves is not None and (task not in serves.tasks or precision != serves.precision):
+            raise NoCapableWorker(f"this worker serves {'/'.join(serves.tasks)} in {serves.precision}; the job needs "
+                                  f"{task} in {precision}")
         self.meta = job_metadata.for_job(record, release_id=pipeline.release_id,
                                          contract_hash=getattr(pipeline, "contract_hash", ""),
                                          device=str(getattr(pipeline, "device", "") or settings.device or "") or None,

@@ -1,4 +1,5 @@
-"""The largest request this worker serves, as its heartbeat advertises it (`max_rows`).
+"""What this worker serves, as its heartbeat advertises it: the largest request (`max_rows`) and its capability
+(release kind, tasks, precision, canvas: core/routing.Capability, whose queues it consumes).
 
 The unit is a request's DiT sequence rows by the contract's capacity measure (`RequestGeometry.capacity_rows` in
 core/geometry.py: video + 2A audio rows + the 1024 text rows of the longest prompt), so the API can compare a request
@@ -9,7 +10,42 @@ from __future__ import annotations
 
 from typing import Any
 
+from h3batch.core import routing
 from h3batch.core.geometry import CONTRACT_MAX_ROWS
+from h3batch.settings import Settings
+
+RELEASE_TASKS = {"v2": ("t2va",)}
+"""The tasks each release kind serves (core/routing.TASKS). The native MiniMax-H3 kind adds its entry here."""
+
+
+def release_kind_and_tasks(pipeline: Any) -> tuple[str, tuple[str, ...]]:
+    """The release kind a loaded pipeline serves and that kind's tasks: the one place the heartbeat's `release_kind`
+    and `tasks` come from. The kind is the contract check's (`pipeline.info.kind`, or `pipeline.release_kind` for a
+    rank group) when it records one; a release without one is FastH3 V2 (`v2`), the only kind checked today."""
+    info = getattr(pipeline, "info", None)
+    kind = getattr(info, "kind", None) or getattr(pipeline, "release_kind", None) or "v2"
+    if kind not in RELEASE_TASKS:
+        raise ValueError(f"release kind {kind!r}: this worker knows the tasks of {', '.join(RELEASE_TASKS)} only")
+    return kind, RELEASE_TASKS[kind]
+
+
+def capability_of(pipeline: Any, settings: Settings, max_rows: int) -> routing.Capability:
+    """This worker's capability: the release's kind and tasks, its precision, canvas and `max_rows`.
+
+    Raises ValueError naming the variable when the worker could serve nothing: H3BATCH_PRECISION asks for a
+    precision the loaded pipeline does not render in (`pipeline.precision`, bf16 when the pipeline says nothing),
+    or `max_rows` is below the smallest request (core/routing.ROWS_STEPS)."""
+    rendered = getattr(pipeline, "precision", None) or routing.DEFAULT_PRECISION
+    if settings.precision != rendered:
+        raise ValueError(f"H3BATCH_PRECISION={settings.precision}: the loaded pipeline renders in {rendered} only")
+    if not routing.steps_served(max_rows):
+        raise ValueError(f"H3BATCH_MAX_ROWS / memory plan: this worker serves {max_rows} rows, less than the smallest "
+                         f"request ({routing.ROWS_STEPS[0]} rows)")
+    kind, tasks = release_kind_and_tasks(pipeline)
+    canvas = getattr(pipeline, "canvas", None)
+    canvas_json = canvas.as_json() if hasattr(canvas, "as_json") else dict(canvas or {})
+    return routing.Capability(max_rows=max_rows, precision=rendered, release_kind=kind, tasks=tasks,
+                              canvas=canvas_json)
 
 
 def advertised_max_rows(override: int | None = None, plan_max_rows: int | None = None) -> int:
@@ -37,15 +73,15 @@ def advertised_max_rows(override: int | None = None, plan_max_rows: int | None =
 
 
 def plan_max_rows_of(pipeline: Any) -> int | None:
-    """The memory plan's `max_rows` for a loaded pipeline on CUDA, None otherwise: the hook the plan plugs into.
+    """The memory plan's `max_rows` for a loaded pipeline, None when it has none: the hook the plan plugs into.
 
-    Reads `pipeline.memory_plan.max_rows` (Pipeline.load attaches the plan; a rank group carries rank 0's). On a
-    CPU the plan's activation constants (calibrated on the H200 at V2 size) and "device memory" (host RAM) say
-    nothing about what fits, so a CPU worker advertises the contract's maximum instead.
+    Reads `pipeline.memory_plan.max_rows` (Pipeline.load attaches the plan; a rank group carries rank 0's). On a GPU
+    the plan is made with the activation costs measured on the H200; on the CPU with those measured on the CPU
+    (worker/h3/memory_plan.py `CPU_CALIBRATION`) against the host's RAM, so a CPU worker advertises what its RAM
+    holds, not the contract's maximum.
     """
     plan = getattr(pipeline, "memory_plan", None)
-    device = str(getattr(pipeline, "device", ""))
-    if plan is None or not device.startswith("cuda"):
+    if plan is None:
         return None
     return getattr(plan, "max_rows", None)
 

@@ -19,6 +19,7 @@ import redis
 
 from h3batch.core import batches, capacity, defaults, jobs, keys
 from h3batch.core.artifact_store import StoreUnavailable, open_store
+from h3batch.core.routing import Capability
 from h3batch.settings import Settings
 from h3batch.worker import reaper
 from h3batch.worker.disk import DiskHealth
@@ -39,7 +40,8 @@ class WorkerState(str, enum.Enum):
 class Heartbeat(threading.Thread):
     """Refreshes `h3b:worker:{name}` (TTL 15 s) every 5 s, renews the lease of the job being rendered, and every
     10 s (one worker at a time, under a Redis lock) runs the reaper (`resend_lost_jobs`). When `info` has
-    `max_rows` (worker/capacity.py), each beat also writes it to `h3b:capacity`, which the API refuses larger
+    `max_rows` (worker/capacity.py), each beat also writes the worker's capability (max_rows, precision,
+    release_kind, tasks, canvas: core/routing.Capability) to `h3b:capacity`, which the API routes and refuses
     requests by (core/capacity.py)."""
 
     def __init__(self, r: redis.Redis, name: str, info: dict[str, Any], resend: Callable[[str], None],
@@ -107,8 +109,8 @@ class Heartbeat(threading.Thread):
         try:
             with self.r.pipeline(transaction=False) as pipe:
                 pipe.set(keys.worker(self.worker_name), json.dumps(payload), ex=defaults.HEARTBEAT_TTL_S)
-                if payload.get("max_rows") is not None:  # what the API refuses requests by (core/capacity.py)
-                    capacity.record(pipe, self.worker_name, payload["max_rows"], payload["ts"])
+                if payload.get("max_rows") is not None:  # what the API routes and refuses by (core/capacity.py)
+                    capacity.record(pipe, self.worker_name, Capability.from_json(payload), payload["ts"])
                 pipe.execute()
             if job_id and holder:
                 jobs.renew_lease(self.r, job_id, holder, int(self.settings.lease_ttl_s * 1000))

@@ -175,14 +175,17 @@ def device_memory_bytes(device: torch.device) -> int:
 def plan_for(device: torch.device, dit, text, video_vae, audio_vae, *, ranks: int = 1,
              canvas: tuple[int, int] = (1344, 768), placement: str = "auto") -> memory_plan.MemoryPlan:
     """The memory plan from the loaded modules' own bytes (the text stack as it runs: embeddings + kept layers;
-    the largest streamed unit is its widest layer or the embedding table)."""
+    the largest streamed unit is its widest layer or the embedding table), with the activation costs measured on
+    this kind of device: the H200's on a GPU, the CPU's (scaled by the DiT's heads) on the CPU."""
     stack = text.text_stack
     units = [stack.embed_tokens, *stack.layers]
     sizes = memory_plan.PartSizes(dit=module_bytes(dit), text_encoder=module_bytes(stack),
                                   text_unit=max(module_bytes(unit) for unit in units),
                                   video_vae=module_bytes(video_vae), audio_vae=module_bytes(audio_vae))
+    calibration = (memory_plan.H200_CALIBRATION if device.type == "cuda"
+                   else memory_plan.cpu_calibration(dit.config.num_attention_heads, dit.config.hidden_size))
     return memory_plan.plan(sizes, gpu_bytes=device_memory_bytes(device), ranks=ranks, canvas=canvas,
-                            placement=placement)
+                            placement=placement, calibration=calibration)
 
 
 @contextlib.contextmanager

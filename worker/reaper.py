@@ -45,9 +45,10 @@ from typing import Callable
 
 import redis
 
-from h3batch.core import defaults, jobs, keys, lease
+from h3batch.core import defaults, jobs, keys, lease, routing
 from h3batch.core.artifact_store import ArtifactStore, attempt_of, sibling
 from h3batch.core.broker import ready_lists
+from h3batch.core.celery_app import ROUTE_FIELDS
 from h3batch.core.jobs import JobStatus, Stage
 
 log = logging.getLogger("h3batch.worker")
@@ -111,9 +112,11 @@ def messages_taken_since(r: redis.Redis, since: float) -> set[str]:
 
 
 def reap(r: redis.Redis, send: Callable[[str], None], *, grace_s: float, record_ttl_s: int,
-         max_attempts: int = defaults.MAX_ATTEMPTS, queue: str = defaults.RENDER_QUEUE,
+         max_attempts: int = defaults.MAX_ATTEMPTS, queue: str | None = None,
          now: float | None = None) -> ReapReport:
-    """One pass over running and queued jobs (see the module docstring); `send(job_id)` publishes a message."""
+    """One pass over running and queued jobs (see the module docstring); `send(job_id)` publishes a message on the
+    job's capability queue (core/celery_app.send_render). A queued job's message counts as waiting only in its own
+    queue (`queue` overrides: one queue for every job): a message left in a queue no worker consumes is re-sent."""
     now = time.time() if now is None else now
     report = ReapReport()
     for job_id in jobs.orphaned_running(r):
@@ -143,14 +146,16 @@ def reap(r: redis.Redis, send: Callable[[str], None], *, grace_s: float, record_
     if candidates:
         with r.pipeline(transaction=False) as pipe:
             for job_id in candidates:
-                pipe.hmget(keys.job(job_id), ["status", "created_at", "requeued_at"])
+                pipe.hmget(keys.job(job_id), ["status", "created_at", "requeued_at", *ROUTE_FIELDS])
             rows = pipe.execute()
-        old = [job_id for job_id, (status, created, requeued) in zip(candidates, rows)
-               if status == JobStatus.QUEUED.value and max(float(created or 0), float(requeued or 0)) < stale_before]
+        old = {job_id: dict(zip(ROUTE_FIELDS, (v or None for v in row[3:]))) for job_id, row in zip(candidates, rows)
+               if row[0] == JobStatus.QUEUED.value and max(float(row[1] or 0), float(row[2] or 0)) < stale_before}
         if old:
-            covered = messages_waiting(r, queue) | messages_taken_since(r, stale_before)
+            own = {job_id: queue or routing.queue_of(fields) for job_id, fields in old.items()}
+            waiting = {q: messages_waiting(r, q) for q in set(own.values())}
+            taken = messages_taken_since(r, stale_before)
             for job_id in old:
-                if job_id in covered:
+                if job_id in taken or job_id in waiting[own[job_id]]:
                     continue
                 send(job_id)
                 lease.count(r, job_id, "resent")

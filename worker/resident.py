@@ -15,7 +15,7 @@ from typing import Any
 import redis
 
 from h3batch.core import defaults, keys
-from h3batch.core.celery_app import make_celery
+from h3batch.core.celery_app import make_celery, send_render
 from h3batch.settings import Settings
 from h3batch.worker import capacity, compile_cache, webhook_delivery
 from h3batch.worker.deadline import DeadlineConfig, RunDeadline
@@ -36,6 +36,7 @@ class Resident:
     deadline: RunDeadline
     disk: DiskHealth  # free space of the artifacts dir; its verdict is the heartbeat's DISK_FULL (worker/disk.py)
     max_rows: int = capacity.CONTRACT_MAX_ROWS  # largest request served, advertised in the heartbeat
+    capability: Any = None  # core/routing.Capability: what it advertises; its queues are what it consumes
     loaded_at: float = field(default_factory=time.time)
 
 
@@ -69,15 +70,20 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
         sender = make_celery(settings.redis_url, max_run_s=settings.max_run_s)
         plan_rows = capacity.plan_max_rows_of(pipeline)
         max_rows = capacity.advertised_max_rows(settings.max_rows, plan_rows)
+        try:
+            capability = capacity.capability_of(pipeline, settings, max_rows)  # ValueError names the variable
+        except ValueError:
+            pipeline.close()
+            raise
 
-        def resend(job_id: str) -> None:
-            sender.send_task(defaults.RENDER_TASK, args=[job_id], queue=defaults.RENDER_QUEUE)
+        def resend(job_id: str) -> None:  # the job's own capability queue (reaper, batch feeder, re-send)
+            send_render(sender, r, job_id)
 
         disk = DiskHealth(settings.artifacts_dir, settings.min_free_disk_mb)
         heartbeat = Heartbeat(r, settings.worker_name, {"release_id": pipeline.release_id,
                                                         "contract_hash": pipeline.contract_hash, "ranks": ranks,
                                                         "model_loads": 1, "load_s": round(load_s, 3),
-                                                        "max_rows": max_rows}, resend,
+                                                        **capability.as_json()}, resend,
                               settings, state=WorkerState.READY if ready else WorkerState.STARTING, disk=disk)
         heartbeat.beat()
         heartbeat.start()
@@ -88,15 +94,17 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
                                on_fire=heartbeat.set_stalled)
         deadline.start()
         webhook_delivery.start_dispatcher(r)  # signed POSTs for finished jobs with a webhook_url
-        log.info("model resident release=%s load_s=%.2f total_model_loads=%d max_rows=%d (%s)", pipeline.release_id,
-                 load_s, loads, max_rows, capacity.capacity_source(settings.max_rows, plan_rows))
+        log.info("model resident release=%s load_s=%.2f total_model_loads=%d max_rows=%d (%s) precision=%s kind=%s "
+                 "tasks=%s", pipeline.release_id, load_s, loads, max_rows,
+                 capacity.capacity_source(settings.max_rows, plan_rows), capability.precision,
+                 capability.release_kind, ",".join(capability.tasks))
         plan = getattr(pipeline, "memory_plan", None)
         if plan is not None:  # the plan's table was logged at load; one structured line to grep for
             log.info("memory plan ranks=%d text_encoder=%s max_rows=%d seconds_served=%.2f", plan.ranks,
                      plan.placement, plan.max_rows, plan.seconds_served,
                      extra={"max_rows": plan.max_rows, "text_encoder_placement": plan.placement})
         _resident = Resident(settings=settings, r=r, pipeline=pipeline, heartbeat=heartbeat,
-                             deadline=deadline, disk=disk, max_rows=max_rows)
+                             deadline=deadline, disk=disk, max_rows=max_rows, capability=capability)
         return _resident
 
 

@@ -1,4 +1,5 @@
-"""`h3batch worker [--queues render] [--name NAME]`: check config, load the model once, consume render jobs.
+"""`h3batch worker [--queues Q,...] [--name NAME]`: check config, load the model once, consume the render queues of
+what this worker serves (core/routing.py: its tasks and precision, every size step up to its `max_rows`).
 
 The model is loaded in this process before Celery starts, and Celery runs the `solo` pool, so jobs run in the very
 process that holds the weights: no fork after CUDA init, no reload per job (spec §3 pitfalls 4 and 5). Bad
@@ -13,7 +14,6 @@ import signal
 import sys
 
 from h3batch.cli_args import OneLineArgumentParser
-from h3batch.core import defaults
 from h3batch.core.exceptions import ConfigError
 from h3batch.core.startup_checks import check_startup
 from h3batch.logs import configure_logging
@@ -26,7 +26,9 @@ log = logging.getLogger("h3batch.worker")
 
 def _parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog="h3batch worker", description="Run a GPU render worker (Celery, solo pool).")
-    parser.add_argument("--queues", default=defaults.RENDER_QUEUE, help="comma-separated queues (default: render)")
+    parser.add_argument("--queues", default=None,
+                        help="comma-separated queues (default: this worker's capability queues, "
+                             "render.<task>.<precision>.<rows step>; naming others overrides routing)")
     parser.add_argument("--name", default=None, help="worker name (default: H3BATCH_WORKER_NAME or hostname-pid)")
     return parser
 
@@ -54,8 +56,9 @@ def main(argv: list[str]) -> int:
     try:
         try:
             load_resident(settings, ready=False)
-        except ValueError as exc:  # the pipeline's contract check: one line naming the field
-            print(f"h3batch worker: H3BATCH_RELEASE {str(settings.release_dir)!r}: {exc}", file=sys.stderr)
+        except ValueError as exc:  # the contract check, or a capability it cannot serve: one line naming the field
+            where = "" if str(exc).startswith("H3BATCH_") else f"H3BATCH_RELEASE {str(settings.release_dir)!r}: "
+            print(f"h3batch worker: {where}{exc}", file=sys.stderr)
             return 2
         except OSError as exc:
             print(f"h3batch worker: could not load the release {str(settings.release_dir)!r}: {exc}",
@@ -69,11 +72,13 @@ def main(argv: list[str]) -> int:
         # READY in the heartbeat (what /readyz counts) only once the consumer is actually taking messages.
         worker_ready.connect(lambda **_: mark_ready(), weak=False)
         celery = make_celery(settings.redis_url, max_run_s=settings.max_run_s, include_tasks=True)
-        queues = ",".join(q.strip() for q in args.queues.split(",") if q.strip())
         resident = load_resident(settings)  # already loaded above: the same object
+        named = resident.capability.queues() if args.queues is None else args.queues.split(",")
+        queues = ",".join(q.strip() for q in named if q.strip())
         watchdog.start(resident.r, settings.worker_name, queues.split(","), lambda: resident.heartbeat.state,
                        stall_watch)
-        log.info("worker starting consumer queues=%s name=%s", queues, settings.worker_name)
+        log.info("worker starting consumer queues=%s name=%s", queues, settings.worker_name,
+                 extra={"capability": resident.capability.as_json()})
         # Celery's event heartbeat stays on so Flower lists the worker; under the solo pool it pauses while a job
         # renders (Flower shows the node offline then). Liveness is h3batch's own heartbeat key, never this one.
         celery.worker_main(["--quiet", "worker", "--pool", "solo", "--concurrency", "1", "--queues", queues,

@@ -12,7 +12,7 @@ import redis
 
 from h3batch.api import create_app
 from h3batch.api.enqueue import enqueue_render
-from h3batch.core import defaults
+from h3batch.core import defaults, jobs, routing
 from tests.service_stack import REPO
 
 FORBIDDEN = ("torch", "triton", "diffusers", "transformers", "h3batch.worker")
@@ -35,17 +35,26 @@ def test_importing_the_api_builds_no_celery_app_and_reads_no_environment():
     assert done.stdout.split("\n")[:2] == ["0", "[]"], done.stdout
 
 
-def _render_messages(url: str) -> list[dict]:
+def _render_messages(url: str, queue: str) -> list[dict]:
     client = redis.Redis.from_url(url)
     try:
-        return [json.loads(raw) for raw in client.lrange(defaults.RENDER_QUEUE, 0, -1)]
+        return [json.loads(raw) for raw in client.lrange(queue, 0, -1)]
+    finally:
+        client.close()
+
+
+def _job(url: str, **spec) -> dict:
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        return jobs.create_job(client, jobs.JobSpec(prompt="a", seconds=4.0, width=256, height=128, seed=1, **spec))
     finally:
         client.close()
 
 
 def test_each_app_sends_on_its_own_redis_with_its_own_run_limit(redis_url, tmp_path):
     """Two apps on two Redis databases each publish `h3batch.render(job_id)` (JSON, nothing else in the body) to
-    their own database, through a sender made once per app with a visibility timeout of twice its MAX_RUN_S."""
+    their own database, on the job's capability queue (t2va in bf16 or fp8, 2,404 rows: step 2,436), through a
+    sender made once per app with a visibility timeout of twice its MAX_RUN_S."""
     base = redis_url.rsplit("/", 1)[0]
     urls = [f"{base}/7", f"{base}/8"]
     for url in urls:
@@ -53,13 +62,17 @@ def test_each_app_sends_on_its_own_redis_with_its_own_run_limit(redis_url, tmp_p
     apps = [create_app({"TESTING": True, "REDIS_URL": url, "ARTIFACTS_DIR": str(tmp_path), "MAX_RUN_S": run_s})
             for url, run_s in zip(urls, (100, 250), strict=True)]
     try:
-        for app, job_id in zip(apps, ("job_first", "job_second"), strict=True):
+        made = [_job(urls[0]), _job(urls[1], precision="fp8")]
+        for app, job in zip(apps, made, strict=True):
             with app.app_context():
-                enqueue_render(job_id)
-                enqueue_render(job_id)
-        for url, job_id in zip(urls, ("job_first", "job_second"), strict=True):
-            messages = _render_messages(url)
-            assert len(messages) == 2
+                enqueue_render(job["id"])
+                enqueue_render(job["id"])
+                enqueue_render("job_gone")  # no record: nothing to render, nothing sent
+        for url, job, queue in zip(urls, made, ("render.t2va.bf16.2436", "render.t2va.fp8.2436"), strict=True):
+            job_id = job["id"]
+            assert routing.queue_of(job) == queue
+            messages = _render_messages(url, queue)
+            assert len(messages) == 2 and redis.Redis.from_url(url).llen(defaults.RENDER_QUEUE) == 0
             for message in messages:
                 assert message["headers"]["task"] == defaults.RENDER_TASK
                 assert message["content-type"] == "application/json"

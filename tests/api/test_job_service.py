@@ -13,7 +13,7 @@ from h3batch.api.errors import ApiError
 from h3batch.api.jobs import JOBS
 from h3batch.api.openai_protocol import VIDEOS
 from h3batch.api.schemas import CreateJob
-from h3batch.core import defaults, keys
+from h3batch.core import celery_app, keys, routing
 from h3batch.core.celery_app import make_celery
 from h3batch.core.jobs import JobStatus, load_job, transition
 from tests.conftest import SCRATCH_DB
@@ -29,7 +29,7 @@ def make_caller(r: redis.Redis, tmp_path: Path, owner: str = "owner-a", send=Non
     sender = make_celery(url, max_run_s=60)
 
     def send_render(job_id: str) -> None:
-        sender.send_task(defaults.RENDER_TASK, args=[job_id], queue=defaults.RENDER_QUEUE)
+        celery_app.send_render(sender, r, job_id)
 
     return job_service.Caller(r=r, owner=owner, artifacts_dir=tmp_path, max_queued=10, result_ttl_s=600,
                               send_render=send or send_render, vet_webhook_url=lambda url: url)
@@ -62,7 +62,7 @@ def test_create_sends_one_message_and_an_idempotent_retry_replays_the_job(r, tmp
     again, replayed_again = job_service.create_job(caller, CreateJob(prompt="a", seed=3), VIDEOS, "k1", "fp")
     assert (replayed, replayed_again) == (False, True) and again["id"] == first["id"]
     assert first["status"] == "queued" and first["api"] == "openai" and first["owner"] == "owner-a"
-    assert r.llen(defaults.RENDER_QUEUE) == 1
+    assert r.llen(routing.queue_of(first)) == 1 and routing.queue_of(first) == "render.t2va.bf16.2436"
     with pytest.raises(ApiError) as caught:
         job_service.create_job(caller, CreateJob(prompt="b"), VIDEOS, "k1", "other-fp")
     assert (caught.value.status, caught.value.code) == (422, "idempotency_key_reused")
@@ -153,8 +153,8 @@ def test_page_limit_reads_1_to_100(text, digits_only, expected):
 
 
 def test_a_request_over_the_fleets_capacity_is_422_and_writes_nothing(r, tmp_path):
-    """With a live worker advertising 3000 rows, a 256x128 15 s request (5654 rows) is 422 exceeds_worker_capacity
-    naming both figures, and nothing is written (no record, index entry or Idempotency-Key claim left); a 4 s one
+    """With a live worker advertising 3000 rows (2896 through the routing ladder), a 256x128 15 s request (5654
+    rows) is 422 exceeds_worker_capacity naming both figures, and nothing is written (no record, index entry or Idempotency-Key claim left); a 4 s one
     (2404 rows) is queued. With no worker advertising anything, the large one is accepted."""
     from h3batch.core import capacity
 
@@ -167,7 +167,7 @@ def test_a_request_over_the_fleets_capacity_is_422_and_writes_nothing(r, tmp_pat
         job_service.create_job(caller, large, JOBS, "key-1", "fp")
     error = caught.value
     assert (error.status, error.code, error.retryable) == (422, "exceeds_worker_capacity", False)
-    assert "5654 rows" in error.message and "3000 rows" in error.message and "live worker" in error.message
+    assert "5654 rows" in error.message and "2896 rows" in error.message and "live worker" in error.message
     assert r.zcard(keys.JOBS_INDEX) == 1 and r.zcard(keys.QUEUE) == 1
     assert not list(r.scan_iter(match="h3b:idem:*"))
     small, _ = job_service.create_job(caller, CreateJob(prompt="rain", width=256, height=128, seconds=4), VIDEOS,

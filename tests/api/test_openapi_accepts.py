@@ -96,7 +96,7 @@ def test_the_idempotency_key_limit_is_still_refused_past_it():
 
 
 JOB_VALIDATOR = Draft202012Validator(model_schemas()["CreateJob"])  # as /openapi.json has it
-_JOB_FIELDS = ("seconds", "width", "height", "seed", "aspect_ratio", "release", "webhook_url")
+_JOB_FIELDS = ("seconds", "width", "height", "seed", "aspect_ratio", "release", "webhook_url", "precision", "task")
 
 
 @settings(max_examples=1000, deadline=None)
@@ -111,6 +111,18 @@ def test_whatever_post_jobs_accepts_its_schema_accepts(prompt, extra):
     except ValidationError:
         return
     assert JOB_VALIDATOR.is_valid(fields), (fields, [e.message for e in JOB_VALIDATOR.iter_errors(fields)])
+
+
+def test_the_document_states_precision_and_task_on_both_create_routes():
+    """POST /jobs' schema names `precision` (bf16, fp8) and `task` (t2va default); /v1/videos' body has `precision`;
+    a job shows both."""
+    job = model_schemas()["CreateJob"]["properties"]
+    assert [f.get("enum") for f in job["precision"]["anyOf"] if "enum" in f] == [["bf16", "fp8"]]
+    assert job["task"]["enum"] == ["t2va", "fl2va", "ref2va"] and job["task"]["default"] == "t2va"
+    assert "no_capable_worker" in job["precision"]["description"] and "no_capable_worker" in job["task"]["description"]
+    videos = create_body_schema()["properties"]["precision"]
+    assert {"type": "string", "enum": ["bf16", "fp8"]} in videos["anyOf"]
+    assert {"task", "precision"} <= set(model_schemas()["Job"]["properties"])
 
 
 def test_the_document_names_the_model_this_server_serves(tmp_path):

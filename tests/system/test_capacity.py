@@ -13,7 +13,7 @@ import json
 import pytest
 import requests
 
-from h3batch.core import defaults, keys
+from h3batch.core import broker, defaults, keys, routing
 from h3batch.core import jobs as store
 from h3batch.core.celery_app import make_celery
 from h3batch.core.geometry import RequestGeometry
@@ -25,6 +25,7 @@ SMALL = (128, 32, 4.0)  # 1,508 rows: fits and does not trip the injected OOM
 MEDIUM = (256, 128, 4.0)  # 2,404 rows: fits the limit, trips the injected OOM
 LARGE = (256, 128, 15.0)  # 5,654 rows: over the limit
 MAX_ROWS = 3000
+SERVED = routing.served_rows(MAX_ROWS)  # 2,896: the routing ladder's step at or below it (core/routing.py)
 OOM_FROM_ROWS = 2000
 
 
@@ -75,7 +76,7 @@ def test_request_over_capacity_is_refused_on_both_routes_and_nothing_is_queued(s
     """/jobs and /v1/videos answer 422 exceeds_worker_capacity, retryable false, naming the limit and the request's
     rows; no record, index entry or render message is written."""
     r = stack.redis.client()
-    before = (r.zcard(keys.JOBS_INDEX), r.zcard(keys.QUEUE), r.llen(defaults.RENDER_QUEUE),
+    before = (r.zcard(keys.JOBS_INDEX), r.zcard(keys.QUEUE), broker.render_depth(r),
               sorted(r.scan_iter(match=keys.job("*"))))
     width, height, seconds = LARGE
     replies = [
@@ -90,8 +91,8 @@ def test_request_over_capacity_is_refused_on_both_routes_and_nothing_is_queued(s
         assert reply.status_code == 422, reply.text
         error = reply.json()["error"]
         assert error["code"] == "exceeds_worker_capacity" and error["retryable"] is False
-        assert str(rows(LARGE)) in error["message"] and str(MAX_ROWS) in error["message"], error["message"]
-    after = (r.zcard(keys.JOBS_INDEX), r.zcard(keys.QUEUE), r.llen(defaults.RENDER_QUEUE),
+        assert str(rows(LARGE)) in error["message"] and str(SERVED) in error["message"], error["message"]
+    after = (r.zcard(keys.JOBS_INDEX), r.zcard(keys.QUEUE), broker.render_depth(r),
              sorted(r.scan_iter(match=keys.job("*"))))
     assert after == before  # (a request under the limit is accepted on the same route: the OOM test below)
 
@@ -107,7 +108,7 @@ def test_a_batch_line_over_capacity_is_refused_by_line_and_skip_leaves_it_out(st
     invalid_batch naming that line, exceeds_worker_capacity and both figures, with nothing queued; with on_invalid
     skip the other lines run and the large one is listed as skipped."""
     r = stack.redis.client()
-    before = (r.zcard(keys.JOBS_INDEX), r.zcard(keys.QUEUE), r.llen(defaults.RENDER_QUEUE))
+    before = (r.zcard(keys.JOBS_INDEX), r.zcard(keys.QUEUE), broker.render_depth(r))
     jsonl = "\n".join([_line(SMALL, "small-1"), _line(LARGE, "large"), _line(SMALL, "small-2")]).encode()
     refused = requests.post(f"{stack.api.base}/batches", files={"file": ("clips.jsonl", jsonl)}, timeout=60)
     assert refused.status_code == 422, refused.text
@@ -115,8 +116,8 @@ def test_a_batch_line_over_capacity_is_refused_by_line_and_skip_leaves_it_out(st
     assert error["code"] == "invalid_batch" and error["retryable"] is False
     [detail] = error["details"]
     assert detail["line"] == 2 and detail["message"].startswith("exceeds_worker_capacity: "), detail
-    assert str(rows(LARGE)) in detail["message"] and str(MAX_ROWS) in detail["message"], detail
-    assert (r.zcard(keys.JOBS_INDEX), r.zcard(keys.QUEUE), r.llen(defaults.RENDER_QUEUE)) == before
+    assert str(rows(LARGE)) in detail["message"] and str(SERVED) in detail["message"], detail
+    assert (r.zcard(keys.JOBS_INDEX), r.zcard(keys.QUEUE), broker.render_depth(r)) == before
 
     skipped = requests.post(f"{stack.api.base}/batches", files={"file": ("clips.jsonl", jsonl)},
                             data={"on_invalid": "skip"}, timeout=60)
@@ -136,8 +137,8 @@ def test_a_job_over_the_workers_own_limit_fails_exceeds_worker_capacity(stack):
     width, height, seconds = LARGE
     record = store.create_job(r, JobSpec(prompt="rain", seconds=seconds, width=width, height=height, seed=3),
                               max_queued=100)
-    make_celery(stack.redis.url, max_run_s=60).send_task(defaults.RENDER_TASK, args=[record["id"]],
-                                                         queue=defaults.RENDER_QUEUE)
+    consumed = routing.queue_name("t2va", "bf16", SERVED)  # a queue it consumes, as if routed before it shrank
+    make_celery(stack.redis.url, max_run_s=60).send_task(defaults.RENDER_TASK, args=[record["id"]], queue=consumed)
     job = finished(stack, record["id"])
     assert job["status"] == "failed" and job["error"]["code"] == "exceeds_worker_capacity", job
     assert job["error"]["retryable"] is False and str(MAX_ROWS) in job["error"]["message"]

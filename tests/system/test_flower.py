@@ -9,6 +9,7 @@ Flower started never shows. Each test therefore waits until its Flower has heard
 """
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import subprocess
@@ -17,9 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 import requests
 
-from h3batch.core import defaults
+from h3batch.core import defaults, keys, routing
 from tests.service_stack import free_port, poll_until, service_env, wait_http
 from tests.system.conftest import FINISHED, post_job
 
@@ -105,11 +107,13 @@ def test_flower_lists_a_finished_render_task(redis_url, api, worker, artifacts_d
         assert job["status"] == "completed", job
         task = flower.wait_task(lambda t: job_id in (t.get("args") or "") and t.get("state") == "SUCCESS")
         assert task["name"] == defaults.RENDER_TASK and task["args"] == repr([job_id])
-        assert task["worker"] == hostname and task["routing_key"] == defaults.RENDER_QUEUE
+        queue = routing.queue_of(job)  # the job's capability queue (core/routing.py)
+        assert task["worker"] == hostname and task["routing_key"] == queue
         assert task["sent"] is not None  # the API's task-sent event (task_send_sent_event)
         assert task["received"] <= task["started"] <= task["succeeded"]  # (sent is stamped after the publish)
-        assert flower.worker_queues(hostname) == [defaults.RENDER_QUEUE]
-        assert defaults.RENDER_QUEUE in flower.queue_lengths()
+        beat = json.loads(redis.Redis.from_url(redis_url).get(keys.worker(worker.name)))
+        assert sorted(flower.worker_queues(hostname)) == sorted(routing.Capability.from_json(beat).queues())
+        assert queue in flower.queue_lengths()
         assert requests.get(flower.base + "/api/tasks", timeout=60).status_code == 401
         assert requests.post(f"{flower.base}/api/worker/shutdown/{hostname}", auth=flower.auth,
                              timeout=10).status_code == 403  # read-only: no control from the UI

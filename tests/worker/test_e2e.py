@@ -155,7 +155,7 @@ def test_cancel_queued_job_never_starts(api, worker, r):
     assert reply.status_code == 202 and reply.json()["status"] == "cancelled"
     assert poll_until(api.base, running["id"], finished)["status"] == "completed"
     deadline = time.monotonic() + 20
-    while r.llen("render") or r.hlen("unacked"):  # the cancelled job's message has been consumed and acked
+    while r.llen(queue) or r.hlen("unacked"):  # the cancelled job's message has been consumed and acked
         assert time.monotonic() < deadline
         time.sleep(0.05)
     after = requests.get(f"{api.base}/jobs/{queued['id']}", timeout=60).json()
@@ -229,17 +229,17 @@ def test_job_survives_an_api_restart(redis_url, artifacts_dir, worker, tmp_path)
 def test_pickled_message_is_refused_and_nothing_runs(redis_url, worker, r):
     """A pickle-serialized render message is refused by the JSON-only worker (ContentDisallowed): the job it names
     stays queued and never starts."""
-    from h3batch.core import defaults, jobs
+    from h3batch.core import defaults, jobs, routing
     from h3batch.core.celery_app import make_celery
 
     job = jobs.create_job(r, jobs.JobSpec(prompt="pickle", seconds=4.0, width=256, height=128, seed=1))
-    make_celery(redis_url).send_task(defaults.RENDER_TASK, args=[job["id"]], queue=defaults.RENDER_QUEUE,
-                                     serializer="pickle")
+    queue = routing.queue_of(job)  # the worker consumes it
+    make_celery(redis_url).send_task(defaults.RENDER_TASK, args=[job["id"]], queue=queue, serializer="pickle")
     deadline = time.monotonic() + 20
     while "untrusted content of type pickle" not in worker.log_text():
         assert time.monotonic() < deadline, "the worker never refused the pickled message"
         time.sleep(0.1)
-    while r.llen("render") or r.hlen("unacked"):
+    while r.llen(queue) or r.hlen("unacked"):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     after = jobs.load_job(r, job["id"])

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from h3batch.core.geometry import FPS, MAX_REQUESTED_FRAMES, RequestGeometry
@@ -178,6 +178,38 @@ H200_CALIBRATION = calibrate(H200_MEASURED, H200_MEASURED_PARTS_GIB)
 26 KiB: under SP every rank builds the full-S embed output [S, 5376] bf16 (10.5 KiB/row) before keeping its rows,
 the full-S RoPE tables (0.75 KiB/row) and, inside attention, q, k, v, G and the output for its 56/N heads at all S
 rows (at N = 4: 5 x 14 x 128 x 2 B = 17.5 KiB/row), not measured."""
+
+
+CPU_MEASURED = (Measurement(1391, 0.473, 0.659, 0.676, tiles_per_chunk=1),
+                Measurement(7947, 0.676, 3.005, 1.179, tiles_per_chunk=3))
+"""bench/memory_cpu.py on the 2-core, 24 GiB CPU machine, 2026-12-04 16:20 UTC (torch 2.13.0+cpu): the tiny release
+(4 heads, hidden 96) at 256x128 4 s and 512x256 8 s, a 7-token prompt, resident-set figures (VmRSS before the job,
+VmHWM of the denoise and of the decode + mux, GiB). The CPU attention is the dense-mask reference
+(worker/h3/vsa.py), whose [B, heads, S, S] fp32 logits, mask and softmax make the S² term: 26.7 B per row² for 4
+heads."""
+CPU_MEASURED_PARTS_GIB = 0.004
+"""DiT + VAEs of the tiny release as loaded on the CPU (module bytes), GiB: the rest of `before` is the process's
+own overhead (Python, torch's libraries, the text encoder)."""
+CPU_MEASURED_HEADS = 4
+CPU_MEASURED_HIDDEN = 96
+CPU_RESERVE = 2 * GIB
+"""Host memory kept for everything beside the worker (the OS, Redis, the API on a one-machine stack)."""
+
+
+def cpu_calibration(heads: int = CPU_MEASURED_HEADS, hidden: int = CPU_MEASURED_HIDDEN) -> Calibration:
+    """The CPU's activation costs, fitted through `CPU_MEASURED` as `calibrate` fits the H200's, for a DiT of
+    `heads` attention heads and width `hidden`: the S² term (the reference attention's [heads, S, S] tensors) scales
+    with the heads, the per-row term with the width. For the measured release this is the measurement itself; for
+    another one the scaling is an estimate from the shapes, not measured."""
+    cal = calibrate(CPU_MEASURED, CPU_MEASURED_PARTS_GIB, reserve=CPU_RESERVE, sp_full_per_row=0.0,
+                    text_workspace=0)
+    return replace(cal, act_per_row=cal.act_per_row * max(1.0, hidden / CPU_MEASURED_HIDDEN),
+                   act_per_row_sq=cal.act_per_row_sq * heads / CPU_MEASURED_HEADS,
+                   source="bench/memory_cpu.py on the CPU, 2026-12-04 (tiny release; heads and width scaled)")
+
+
+CPU_CALIBRATION = cpu_calibration()
+"""The tiny release's own: what a CPU worker on it plans with (its host RAM as the device memory)."""
 
 
 # --- geometry helpers -----------------------------------------------------------------------------------------------

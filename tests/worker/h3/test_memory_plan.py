@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from h3batch.core.geometry import RequestGeometry
+from h3batch.core.geometry import CONTRACT_MAX_ROWS, RequestGeometry
 from h3batch.worker.h3 import memory_plan as mp
 from h3batch.worker.h3.config import H3_33B
 
@@ -78,6 +78,21 @@ def test_calibration_reproduces_the_h200_measurements():
         assert (weights + cal.decode_per_tile * m.tiles_per_chunk) / GIB >= m.decode_gib - 0.05
     assert abs(weights / GIB - mp.H200_MEASURED[0].before_gib) < 0.05
     assert cal.act_per_row > 0 and cal.act_per_row_sq > 0
+
+
+def test_the_cpu_calibration_reproduces_the_cpu_measurements_and_a_24_gib_host_serves_less_than_the_contract():
+    """The CPU constants pass through bench/memory_cpu.py's two points (the tiny release's own heads and width);
+    with a 24 GiB host the tiny release serves about 27 thousand rows, not the contract's 110,086 (issue P7: the web
+    page's 1344x768 15 s clip asked for 47.6 GB on such a host); more heads cost more rows."""
+    cal = mp.CPU_CALIBRATION
+    for m in mp.CPU_MEASURED:
+        assert abs(cal.activations(m.rows) / GIB - (m.denoise_gib - m.before_gib)) < 0.01
+    sizes = mp.PartSizes(dit=3_000_000, text_encoder=300_000, text_unit=100_000, video_vae=1_000_000,
+                         audio_vae=200_000)
+    tiny = mp.plan(sizes, gpu_bytes=24 * GIB, canvas=(256, 128), calibration=cal)
+    assert 20_000 < tiny.max_rows < 35_000 < CONTRACT_MAX_ROWS and tiny.seconds_served == 15.0
+    wider = mp.plan(sizes, gpu_bytes=24 * GIB, canvas=(256, 128), calibration=mp.cpu_calibration(heads=8))
+    assert wider.max_rows < tiny.max_rows
 
 
 def test_one_h200_cannot_keep_the_encoder_beside_a_15_s_clip_and_offloads_it():
