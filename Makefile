@@ -42,3 +42,11 @@ test-chaos: setup
 .PHONY: test-soak
 test-soak: setup
 	H3BATCH_SOAK=1 $(PY) -m pytest -q -s -p no:cacheprovider tests/system/test_soak.py
+
+# `docker compose up` for real (docs/deploy.md "Tested"): Docker or podman with a compose that reads the file, the base
+# image from Debian's packages when no registry answers, the images from the lock, then the CPU stack: one job, a
+# batch of 3, the reference sweep, a worker container killed mid-render, `compose down -v`. Not in `make test`.
+.PHONY: test-compose
+test-compose: setup
+	docker/compose-host.sh
+	H3BATCH_COMPOSE=1 $(PY) -P -m pytest -q -s -p no:cacheprovider tests/system/test_compose_stack.py
