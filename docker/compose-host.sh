@@ -6,7 +6,8 @@
 #     in var/compose/containers.conf, used through CONTAINERS_CONF (the host's /etc/containers is left alone);
 #   - the base images: the public ones when a registry answers, else docker/base-image.sh's local Debian image;
 #   - docker/wheels/ (the lock's CPU torch from pip's find-links, when there) and docker/certs/ (this host's local CAs).
-# Writes var/compose/env (KEY=VALUE lines the test sources) and prints it.
+# Writes var/compose/env (KEY=VALUE lines the test reads) and prints it. COMPOSE builds one image at a time
+# (--parallel 1): the targets share their first stages, and the dev machine has 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PODMAN_COMPOSE_VERSION=1.6.0
@@ -17,7 +18,7 @@ env_file=$OUT/env
 
 if command -v docker >/dev/null && docker info >/dev/null 2>&1 && docker compose version >/dev/null 2>&1; then
   engine=docker
-  compose="docker compose"
+  compose="docker compose --parallel 1"
 else
   engine=podman
   if ! command -v podman >/dev/null || ! command -v mmdebstrap >/dev/null || ! command -v runc >/dev/null; then
@@ -40,7 +41,7 @@ EOF
     python3 -m venv .venv-compose
     .venv-compose/bin/python -m pip install -q --disable-pip-version-check "podman-compose==$PODMAN_COMPOSE_VERSION"
   fi
-  compose="$PWD/.venv-compose/bin/podman-compose"
+  compose="$PWD/.venv-compose/bin/podman-compose --parallel 1"
 fi
 echo "ENGINE=$engine" >> "$env_file"
 echo "COMPOSE=$compose" >> "$env_file"

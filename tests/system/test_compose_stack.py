@@ -164,8 +164,8 @@ def test_compose_stack_end_to_end(tmp_path):
         mark = time.monotonic()
         sweep = wait_for("the scheduled reference sweep finished",
                          lambda: next((s for s in stack.get("/sweeps").json()["sweeps"]
-                                       if s["status"] in ("completed", "failed")), None), 900, 2.0)
-        assert sweep["status"] == "completed", sweep
+                                       if s["status"] in ("done", "failed")), None), 900, 2.0)
+        assert sweep["status"] == "done", sweep
         links = stack.get(f"/sweeps/{sweep['id']}").json()["links"]
         assert links.get("plots") and links.get("reports"), links
         for link in [links["summary_json"], *links["reports"].values()]:
