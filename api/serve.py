@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
 
         create_app().run(host=args.host, port=args.port, threaded=True, use_reloader=False)
         return 0
-    gunicorn = [sys.executable, "-m", "gunicorn", "--bind", f"{args.host}:{args.port}",
+    gunicorn = [sys.executable, "-P", "-m", "h3batch.api.gunicorn_app", "--bind", f"{args.host}:{args.port}",
                 "--worker-class", "h3batch.api.gunicorn_worker.JsonErrorThreadWorker", "--workers", str(args.workers),
                 "--threads", str(threads),
                 # Long-poll waits (?wait=N, at most 60 s) must not trip the worker timeout.

@@ -41,7 +41,7 @@ def write_input(path: Path, seconds: float) -> None:
 
 
 def start_server(max_sessions: int) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "h3batch.loadrunner.server", "--mode", "realtime", "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "h3batch.loadrunner.server", "--mode", "realtime", "--port", "0",
                              "--max-sessions", str(max_sessions)], stdout=subprocess.PIPE, text=True, cwd=REPO)
     line = proc.stdout.readline()
     if "listening on " not in line:
@@ -52,7 +52,7 @@ def start_server(max_sessions: int) -> tuple[subprocess.Popen, str]:
 
 def run_point(url: str, wav: Path, out: Path, sessions: int, frames: int) -> dict:
     began = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "h3batch.loadrunner.duplex", "--url", url, "--model", "bench",
+    result = subprocess.run([sys.executable, "-P", "-m", "h3batch.loadrunner.duplex", "--url", url, "--model", "bench",
                              "--input-wav", str(wav), "--output-dir", str(out), "--sessions", str(sessions),
                              "--load-frames", str(frames), "--tail-s", "0", "--drain-s", "1.0",
                              "--timeout-s", "30", "--cleanup-timeout-s", "5"],

@@ -54,7 +54,7 @@ class MotoServer:
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = "4"  # create bucket, user, policy, access key; then IAM checks
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            proc = subprocess.Popen([sys.executable, "-P", "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                                     env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         endpoint = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30

@@ -22,7 +22,7 @@ import redis
 import requests
 
 REPO = Path(__file__).resolve().parents[1]
-H3BATCH = [sys.executable, "-m", "h3batch.cli"]
+H3BATCH = [sys.executable, "-P", "-m", "h3batch.cli"]
 
 STEP_DELAY_S = 0.12
 """H3BATCH_DEBUG_STEP_DELAY_S of the session worker: each progress report sleeps this long, so a job runs for about

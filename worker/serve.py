@@ -32,7 +32,7 @@ from h3batch.core.startup_checks import check_redis
 from h3batch.settings import env_value
 
 VAR = Path("var")
-H3BATCH = [sys.executable, "-m", "h3batch.cli"]
+H3BATCH = [sys.executable, "-P", "-m", "h3batch.cli"]
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 

@@ -186,7 +186,7 @@ def test_api_process_never_imports_torch():
     code = ("import sys; from api import create_app; app = create_app({'TESTING': True}); "
             "app.test_client().get('/openapi.json'); "
             "print('torch' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-P", "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
 

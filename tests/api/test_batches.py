@@ -142,20 +142,26 @@ def test_twenty_item_batch_runs_to_its_archive_and_webhook(stack, rc, receiver):
                    webhook_url=receiver.url + "/batch-hook")
     assert reply.status_code == 202, reply.text
     batch_id = reply.json()["id"]
-    seen_eta = None
+    # The ETA by state, never by its size (how large it is depends on how busy this machine is; the arithmetic is
+    # tests/core/test_batches.py::test_eta_comes_from_measured_job_times): unknown before any item completed, a
+    # number once one has while items remain, 0.0 when none is left.
+    etas_while_measured = []
     deadline = time.monotonic() + 60 * ITEMS
     while True:
         batch = requests.get(f"{stack.base}/batches/{batch_id}", headers=auth(), timeout=10).json()
         assert 0.0 <= batch["progress"] <= 1.0
         assert sum(v for k, v in batch["counts"].items() if k != "total") == batch["counts"]["total"] == ITEMS
-        if 0 < batch["counts"]["completed"] < ITEMS:  # some measured, some left (not the moment all are done)
-            seen_eta = batch["eta_s"]
+        active = batch["counts"]["queued"] + batch["counts"]["in_progress"]
+        if batch["counts"]["completed"] == 0:
+            assert batch["eta_s"] is None, batch
+        elif active:
+            etas_while_measured.append(batch["eta_s"])
         if batch["finished_at"] is not None:
             break
         assert time.monotonic() < deadline, batch
         time.sleep(0.5)
     assert batch["status"] == "completed" and batch["counts"]["completed"] == ITEMS and batch["eta_s"] == 0.0
-    assert seen_eta is not None and seen_eta > 0  # measured from the items finished so far
+    assert all(isinstance(eta, float) and eta >= 0.0 for eta in etas_while_measured), etas_while_measured
     results = _results(stack.base, batch_id)
     assert [x["index"] for x in results] == list(range(ITEMS))
     assert [x["custom_id"] for x in results] == [f"clip-{i}" if i % 2 == 0 else None for i in range(ITEMS)]

@@ -18,7 +18,7 @@ from h3batch.worker.h3.mp4 import probe_mp4
 from tests.api.conftest import KEY_A, KEY_B, auth
 from tests.service_stack import REPO
 
-CLI = [sys.executable, "-m", "h3batch.cli", "submit"]
+CLI = [sys.executable, "-P", "-m", "h3batch.cli", "submit"]
 CANVAS = {"width": 128, "height": 64, "seconds": 4}
 """The smallest canvas the tiny release takes (aspect 2:1, multiples of 32): the renders stay short."""
 NAMES = ["rain", "gong", "0002", "surf"]

@@ -14,7 +14,7 @@ from h3batch.api import client_batch
 from h3batch.api.client_http import CliError
 from tests.service_stack import REPO
 
-CLI = [sys.executable, "-m", "h3batch.cli", "submit"]
+CLI = [sys.executable, "-P", "-m", "h3batch.cli", "submit"]
 
 
 def write(path, *lines: str):

@@ -11,7 +11,7 @@ from h3batch.worker.h3.mp4 import probe_mp4
 from tests.api.conftest import KEY_A, auth
 from tests.service_stack import REPO
 
-CLI = [sys.executable, "-m", "h3batch.cli", "submit"]
+CLI = [sys.executable, "-P", "-m", "h3batch.cli", "submit"]
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -29,7 +29,7 @@ def test_importing_the_api_builds_no_celery_app_and_reads_no_environment():
             f"print([m for m in sys.modules if m.startswith({FORBIDDEN!r})])")
     env = {k: v for k, v in os.environ.items() if not k.startswith("H3BATCH_")}
     env["H3BATCH_MAX_RUN_S"] = "not-a-number"
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-P", "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["0", "[]"], done.stdout

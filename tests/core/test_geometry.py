@@ -263,7 +263,7 @@ def test_geometry_imports_no_torch_or_numpy():
         "sys.exit(1 if bad else 0)"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
+        [sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
     )
     assert result.returncode == 0, result.stderr
 

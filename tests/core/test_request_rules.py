@@ -55,4 +55,4 @@ def test_step_execution_mode():
 def test_module_is_torch_free():
     """The API process can import the rules without torch."""
     code = "import sys, h3batch.core.request_rules; assert 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-P", "-c", code], check=True)

@@ -76,5 +76,5 @@ def test_the_api_app_loads_without_the_model_stack():
             "api.create_app({'TESTING': True})\n"
             "bad = sorted(n for n in ('torch', 'triton', 'diffusers', 'transformers') if n in sys.modules)\n"
             "print(bad); sys.exit(1 if bad else 0)\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

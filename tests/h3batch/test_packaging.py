@@ -47,21 +47,21 @@ def installed(tmp_path_factory) -> Path:
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, source / name)
     wheels = root / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+    subprocess.run([sys.executable, "-P", "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     str(wheels), str(source)], check=True, timeout=300, cwd=root)
     wheel = next(wheels.glob("h3batch-*.whl"))
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-P", "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     purelib = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
     # Third-party packages from the test venv; its editable h3batch finder is a .pth there and is not processed.
     (purelib / "test_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+    subprocess.run([str(venv / "bin" / "python"), "-P", "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                     "--target", str(purelib), str(wheel)], check=True, timeout=300, cwd=root)
     return venv / "bin"
 
 
 def _run(bin_dir: Path, *args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([str(bin_dir / "python"), "-m", "h3batch", *args], capture_output=True, text=True,
+    return subprocess.run([str(bin_dir / "python"), "-P", "-m", "h3batch", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd)
 
 
@@ -94,7 +94,7 @@ def test_installed_api_serves_the_web_page(installed, tmp_path, redis_url):
     port = free_port()
     env = {"H3BATCH_REDIS_URL": redis_url, "H3BATCH_ARTIFACTS_DIR": str(tmp_path / "artifacts"),
            "PATH": str(installed) + ":/usr/bin:/bin"}
-    proc = subprocess.Popen([str(installed / "python"), "-m", "h3batch", "api", "--port", str(port)], cwd=tmp_path,
+    proc = subprocess.Popen([str(installed / "python"), "-P", "-m", "h3batch", "api", "--port", str(port)], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -29,7 +29,7 @@ def test_lifecycle_defaults_and_flags(capsys):
 
 def test_server_rejects_bad_arguments():
     """The reference server exits 2 with one error line for an unknown mode."""
-    result = subprocess.run([sys.executable, "-m", "h3batch.loadrunner.server", "--mode", "nope"], capture_output=True,
+    result = subprocess.run([sys.executable, "-P", "-m", "h3batch.loadrunner.server", "--mode", "nope"], capture_output=True,
                             text=True, timeout=30, cwd=REPO_ROOT)
     assert result.returncode == 2 and result.stderr.startswith("h3batch duplex-server: argument --mode: ")
     assert "invalid choice: 'nope'" in result.stderr and result.stderr.count("\n") == 1

@@ -217,7 +217,7 @@ def test_compose_services_and_schedule():
 def test_import_footprint(code, absent):
     """The API blueprint stays free of torch/numpy/websockets, and the sweep Celery app never imports torch."""
     probe = f"import sys; {code}; print(','.join(m for m in {absent!r} if m in sys.modules))"
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+    result = subprocess.run([sys.executable, "-P", "-c", probe], capture_output=True, text=True, timeout=60,
                             cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""

@@ -35,7 +35,7 @@ class FlowerProcess:
         self.auth = (FLOWER_USER, secrets.token_hex(12))
         with log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "celery", *celery_args, "flower", "--address=127.0.0.1",
+                [sys.executable, "-P", "-m", "celery", *celery_args, "flower", "--address=127.0.0.1",
                  f"--port={self.port}", f"--basic-auth={self.auth[0]}:{self.auth[1]}", "--read-only"],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.log_path = log_path
@@ -124,7 +124,7 @@ def test_a_second_flower_on_the_sweep_app_lists_a_sweep_task(redis_url, artifact
     env = service_env(redis_url, artifacts_dir, H3BATCH_SWEEP_RESULTS_DIR=str(tmp_path / "sweeps"))
     flower = FlowerProcess(["-A", "h3batch.loadrunner.celery_app"], env, tmp_path / "flower-sweeps.log")
     log = (tmp_path / "sweep-worker.log").open("ab")
-    sweep_worker = subprocess.Popen([sys.executable, "-m", "h3batch.cli", "sweep-worker"], env=env, stdout=log,
+    sweep_worker = subprocess.Popen([sys.executable, "-P", "-m", "h3batch.cli", "sweep-worker"], env=env, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
     try:
         flower.wait_worker_online(_sweep_hostname())

@@ -62,21 +62,27 @@ def test_a_frozen_worker_cannot_finish_or_clobber_a_requeued_job(stack_factory):
     assert hashlib.sha256(video.read_bytes()).hexdigest() == record["sha256"]
 
 
-def _wait_gone(path, timeout_s: float = 10.0) -> float:
-    """Seconds until `path` no longer exists (fails after timeout_s)."""
-    started = time.monotonic()
+def _wait_gone(path, timeout_s: float = 120.0) -> None:
+    """Until `path` no longer exists. The bound only ends a broken run: how soon the reaper acts depends on how busy
+    the machine is, so no test reads the time it took."""
+    deadline = time.monotonic() + timeout_s
     while path.exists():
-        assert time.monotonic() - started < timeout_s, f"{path} still there after {timeout_s} s"
+        assert time.monotonic() < deadline, f"{path} still there after {timeout_s} s"
         time.sleep(0.05)
-    return time.monotonic() - started
+
+
+def _wait_until(predicate, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not so after {timeout_s} s"
+        time.sleep(0.05)
 
 
 def test_the_reaper_removes_files_of_expired_and_missing_records_and_prunes_the_index(stack_factory):
     """Artifact garbage collection, against a live worker (reaper every 0.5 s, heartbeat 1 s): a completed job whose
     `expires_at` passed becomes `expired` and its MP4 directory goes; a cancelled job whose record TTL ran out (1 s)
     loses its leftover directory and its entries in the global, per-owner and per-status indexes; a directory with
-    no record and no expiry trace goes once older than a record can live. Each within one reaper period plus a
-    heartbeat."""
+    no record and no expiry trace goes once older than a record can live; one younger stays."""
     stack = stack_factory()
     api = stack.start_api()
     r = stack.redis.client()
@@ -85,7 +91,7 @@ def test_the_reaper_removes_files_of_expired_and_missing_records_and_prunes_the_
     assert wait_all_finished(r, [done], timeout_s=120) == {done: "completed"}
     assert (stack.artifacts / done / "video.mp4").is_file()
     r.hset(f"h3b:job:{done}", "expires_at", repr(time.time() - 1))  # as if RESULT_TTL_S had passed
-    assert _wait_gone(stack.artifacts / done) < 3
+    _wait_gone(stack.artifacts / done)
     assert r.hget(f"h3b:job:{done}", "status") == "expired"
 
     spec = jobs.JobSpec(prompt="a door creaks", seconds=4.0, width=128, height=32, seed=1, owner="gc-owner")
@@ -99,18 +105,14 @@ def test_the_reaper_removes_files_of_expired_and_missing_records_and_prunes_the_
     young.mkdir()
     two_days_ago = time.time() - 2 * 86_400  # older than any record lives (RESULT_TTL_S + RECORD_GRACE_S)
     os.utime(orphan, (two_days_ago, two_days_ago))
-    assert _wait_gone(stack.artifacts / short) < 6
-    assert _wait_gone(orphan) < 3
-    assert young.is_dir()  # an unknown directory younger than a record's lifetime is left alone
+    _wait_gone(stack.artifacts / short)
+    _wait_gone(orphan)
+    # The orphan's removal shows a reaper pass ran after `young` was made: an unknown directory younger than a
+    # record's lifetime is left alone.
+    assert young.is_dir()
     # A cancelled job's files may go before its record does (not servable); the record itself lives its 1 s TTL.
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and r.exists(f"h3b:job:{short}"):
-        time.sleep(0.05)
-    assert not r.exists(f"h3b:job:{short}")
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and r.zscore(keys.JOBS_INDEX, short) is not None:
-        time.sleep(0.05)
-    assert r.zscore(keys.JOBS_INDEX, short) is None
+    _wait_until(lambda: not r.exists(f"h3b:job:{short}"), "the cancelled record's 1 s TTL ended")
+    _wait_until(lambda: r.zscore(keys.JOBS_INDEX, short) is None, "the index pruned")
     assert r.zscore(keys.owner_jobs("gc-owner"), short) is None
     assert r.zscore(keys.owner_status("gc-owner", "cancelled"), short) is None
     assert r.zscore(keys.EXPIRY, f"{short}:gc-owner") is None

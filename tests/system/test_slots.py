@@ -100,11 +100,12 @@ def _wait_skipped(api: ApiProcess, job_id: str, key: str) -> bool:
     reply = requests.get(f"{api.base}/jobs/{job_id}", params={"wait": "1"}, headers=_bearer(key), timeout=30)
     assert reply.status_code == 200, reply.text
     skipped = "h3batch-wait" in reply.headers
-    assert (time.monotonic() - started < 0.9) == skipped, "a skipped wait answers at once; a held one blocks"
+    # A held wait blocks its whole second (a lower bound: load only lengthens it); a skipped one says so in its header.
+    assert skipped or time.monotonic() - started >= 0.9, "a held wait blocks"
     return skipped
 
 
-def _until(predicate, timeout_s: float = 5.0) -> float:
+def _until(predicate, timeout_s: float = 60.0) -> float:
     started = time.monotonic()
     while not predicate():
         assert time.monotonic() - started < timeout_s, "condition never held"

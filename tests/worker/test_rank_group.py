@@ -17,7 +17,7 @@ from h3batch.worker.pipeline import RenderCancelled, RenderRequest
 from h3batch.worker.rank_group import RankGroupError, RankGroupPipeline, load_pipeline
 from tests.worker.test_render_cli import drifted_release
 
-H3BATCH = [sys.executable, "-m", "h3batch.cli"]
+H3BATCH = [sys.executable, "-P", "-m", "h3batch.cli"]
 PROMPT = "a red fox runs through snow"
 
 

@@ -12,7 +12,7 @@ import pytest
 from h3batch.worker.h3.mp4 import probe_mp4
 from h3batch.worker.h3.tiny_release import build_tiny_release
 
-H3BATCH = [sys.executable, "-m", "h3batch.cli"]
+H3BATCH = [sys.executable, "-P", "-m", "h3batch.cli"]
 
 
 @pytest.fixture(scope="module")

@@ -164,11 +164,11 @@ def test_docs_performance_holds_the_generated_table():
 
 
 def test_command_prints_both_rank_counts_and_refuses_a_bad_size():
-    done = subprocess.run([sys.executable, "-m", "h3batch", "memory-plan"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-P", "-m", "h3batch", "memory-plan"], capture_output=True, text=True,
                           timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert "1 × 139.8 GiB, text encoder `offload`" in done.stdout and "4 × 139.8 GiB" in done.stdout
     assert "max_rows" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "h3batch", "memory-plan", "--size", "100x7"], capture_output=True,
+    bad = subprocess.run([sys.executable, "-P", "-m", "h3batch", "memory-plan", "--size", "100x7"], capture_output=True,
                          text=True, timeout=120, cwd=REPO)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "--size" in bad.stderr

@@ -16,7 +16,7 @@ def test_tiny_e2e_bench_reports_every_stage_for_both_paths(tmp_path):
     and a stage table whose first column is the stage; both paths write a 107-frame MP4."""
     out = tmp_path / "e2e.json"
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--tiny", "--baseline", "--baseline-jobs", "1", "--jobs", "2", "--size", "64x64",
+        [sys.executable, "-P", str(BENCH), "--tiny", "--baseline", "--baseline-jobs", "1", "--jobs", "2", "--size", "64x64",
          "--text-tokens", "8", "--out", str(out)],
         capture_output=True, text=True, timeout=600,
     )

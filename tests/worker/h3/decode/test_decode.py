@@ -1,7 +1,6 @@
 """decode_video / decode_audio with the tiny diffusers VAEs (spec §11.1, §11.2, §13.22)."""
 from __future__ import annotations
 
-import time
 
 import pytest
 import torch
@@ -120,14 +119,9 @@ def test_audio_rejects_bad_row_shapes(tiny_audio_vae, shape):
         decode_audio(tiny_audio_vae, torch.zeros(shape))
 
 
-def test_tiny_decode_of_4_4_second_clip_is_fast_on_cpu(tiny_video_vae, tiny_audio_vae):
-    """The 107-frame 256×128 clip (T=32) and its 178 audio latents decode in a few seconds on CPU."""
-    start = time.perf_counter()
+def test_tiny_decode_of_4_4_second_clip_on_cpu(tiny_video_vae, tiny_audio_vae):
+    """The 107-frame 256×128 clip (T=32) and its 178 audio latents decode on CPU to their full shapes (how fast is
+    bench/e2e.py's question, not a test's)."""
     frames = decode_video(tiny_video_vae, video_latents(32, 8, 16))
-    video_s = time.perf_counter() - start
-    start = time.perf_counter()
     wave = decode_audio(tiny_audio_vae, audio_rows(178))
-    audio_s = time.perf_counter() - start
     assert frames.shape == (107, 128, 256, 3) and wave.shape == (2, 142_400)
-    assert video_s < 10.0, f"video decode took {video_s:.2f} s"
-    assert audio_s < 10.0, f"audio decode took {audio_s:.2f} s"

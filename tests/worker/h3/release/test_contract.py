@@ -83,7 +83,7 @@ def test_tiny_release_validates(tiny):
 def test_cli_summary_line_on_valid_release(tiny):
     """`h3batch check-release DIR` exits 0 with one line naming model id, contract hash, shards and tensors."""
     run = subprocess.run(
-        [sys.executable, "-m", "h3batch.cli", "check-release", str(tiny.release_dir)],
+        [sys.executable, "-P", "-m", "h3batch.cli", "check-release", str(tiny.release_dir)],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert run.returncode == 0, run.stderr

@@ -146,7 +146,7 @@ def test_render_cli_with_an_absent_reference_exits_2(hub, tmp_path):
     """`h3batch render --release org/name@rev` that the cache cannot serve answers one line and exit 2."""
     cache, _ = hub
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
-    proc = subprocess.run([sys.executable, "-m", "h3batch.cli", "render", "--release", f"hf://{REPO_ID}@v9",
+    proc = subprocess.run([sys.executable, "-P", "-m", "h3batch.cli", "render", "--release", f"hf://{REPO_ID}@v9",
                            "--prompt", "x", "--out", str(tmp_path / "x.mp4")],
                           capture_output=True, text=True, env=env, timeout=300, check=False)
     lines = proc.stderr.strip().splitlines()

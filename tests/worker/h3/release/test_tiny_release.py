@@ -190,7 +190,7 @@ def test_cli_in_a_fresh_process_reproduces_the_build_in_the_default_cache(tiny, 
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_CACHE"}
     env["PYTHONHASHSEED"] = "12345"
     run = subprocess.run(
-        [sys.executable, "-m", "h3batch.cli", "build-tiny", "--out", str(tmp_path / "release"), "--seed", "0"],
+        [sys.executable, "-P", "-m", "h3batch.cli", "build-tiny", "--out", str(tmp_path / "release"), "--seed", "0"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stderr
