@@ -186,6 +186,7 @@ def test_compose_stack_end_to_end(tmp_path):
         stack.run("start", "gpu-worker")
         job = finished(stack, job_id)
         assert job["status"] == "completed", job
+        assert job["attempt"] >= 2, job  # the killed attempt did not finish it; a later one did
         assert completed_events(stack, job_id) == 1
         assert decode(stack.get(f"/jobs/{job_id}/content").content)[0] > 0
         times["worker_kill_s"] = time.monotonic() - mark
