@@ -74,8 +74,10 @@ def botocore_variables() -> set[str]:
 
 def huggingface_variables() -> set[str]:
     import huggingface_hub.constants  # noqa: PLC0415
+    import huggingface_hub.utils._auth  # noqa: PLC0415 - reads HF_TOKEN
 
-    return set(re.findall(r"\"(HF_[A-Z0-9_]+)\"", Path(huggingface_hub.constants.__file__).read_text()))
+    return {name for module in (huggingface_hub.constants, huggingface_hub.utils._auth)
+            for name in re.findall(r"\"(HF_[A-Z0-9_]+)\"", Path(module.__file__).read_text())}
 
 
 def check_variable(name: str, where: str) -> None:
@@ -395,3 +397,18 @@ def test_deploy_doc_names_the_files_it_describes():
                  "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         assert name in text, name
         check_variable(name, "docs/deploy.md")
+
+
+@pytest.mark.parametrize("override", ["compose.cpu.yml", "compose.release.yml"])
+def test_compose_overrides_resolve_in_the_code(override):
+    """docker/compose.cpu.yml and docker/compose.release.yml only touch services of docker-compose.yml, and their
+    commands and variables resolve like the main file's."""
+    services = yaml.load((REPO / "docker" / override).read_text(), Loader=ResetLoader)["services"]
+    assert set(services) <= set(load_compose()), override
+    for name, service in services.items():
+        if "command" in service:
+            check_command([compose_value(part) for part in service["command"]], f"{override} {name}")
+        env = {key: compose_value(value) for key, value in (service.get("environment") or {}).items()}
+        for var in env:
+            check_variable(var, f"{override} {name}")
+        check_settings_values(env, f"{override} {name}")
