@@ -183,7 +183,7 @@ def test_openapi_documents_every_route_with_schemas_from_the_models(api):
 
 def test_api_process_never_imports_torch():
     """Importing api and building the app (blueprints, schemas, Celery sender) leaves torch unimported."""
-    code = ("import sys; from api import create_app; app = create_app({'TESTING': True}); "
+    code = ("import sys; from h3batch.api import create_app; app = create_app({'TESTING': True}); "
             "app.test_client().get('/openapi.json'); "
             "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-P", "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
