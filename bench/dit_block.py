@@ -15,6 +15,9 @@ Parts (each guarded, so one failure does not lose the others; results go to OUT/
              torch.profiler), peak memory, 8 steps × 50 blocks; --c0 adds (c0), eager QK-norm/RoPE/SwiGLU.
   glue       the fused QK-norm + RoPE and SwiGLU ops alone at S rows vs their eager torch paths: ms, GB/s, and the
              fraction of output elements that differ from eager CUDA torch.
+  fp8        block (c) in bf16 and with H3BATCH_PRECISION=fp8's e4m3 linears (worker/h3/precision.py): ms, the
+             per-block budget (linears / attention / fp8 quantization / glue / gaps), one block's output error, and
+             the five linears alone.
 
 Usage (on the GPU machine): python bench/dit_block.py --out $OUT [--parts peak,attention,block,glue] [--sweep] [--c0]
 """
@@ -553,6 +556,136 @@ def part_block(res: dict, layout, plan, out_dir: Path, dump, with_c0: bool = Fal
     dump()
 
 
+def _budget(fn, path: Path, wall_ms: float) -> dict:
+    """Per-block budget from one profiled call: linears (GEMMs), attention, fp8 quantization, other kernels (glue),
+    and gaps = CUDA-event wall time minus the summed kernel time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    path.write_text(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40))
+    out = {"linears_ms": 0.0, "attention_ms": 0.0, "fp8_quant_ms": 0.0, "glue_ms": 0.0, "glue_kernels": []}
+    for e in events:
+        ms, low = e.self_device_time_total / 1e3, e.key.lower()
+        if "quantize_rows" in low:
+            out["fp8_quant_ms"] += ms
+        elif _is_gemm(e.key):
+            out["linears_ms"] += ms
+        elif any(k in low for k in ("flex", "attention", "flash", "fmha", "tem_fused", "block_sparse", "vsa")):
+            out["attention_ms"] += ms
+        else:
+            out["glue_ms"] += ms
+            out["glue_kernels"].append({"kernel": e.key[:100], "ms": round(ms, 3), "calls": e.count})
+    out["glue_kernels"].sort(key=lambda k: -k["ms"])
+    out["glue_kernels"] = out["glue_kernels"][:12]
+    kernel_ms = out["linears_ms"] + out["attention_ms"] + out["fp8_quant_ms"] + out["glue_ms"]
+    out.update(kernel_ms=kernel_ms, wall_ms=wall_ms, gaps_ms=wall_ms - kernel_ms)
+    return out
+
+
+def _loop_budget(fn, n: int = 6) -> dict:
+    """`n` back-to-back calls under the profiler, as the timed loop runs them: wall (CUDA events around the loop),
+    summed kernel time and GEMM time per call, the idle rest, and the SM clock (NVML) just before and after. If the
+    idle rest is small here while `_budget`'s single forward shows a gap, the gap is kernels running slower in the
+    loop (clock state), not time between kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    out: dict = {"n": n}
+    try:
+        out["sm_mhz_before"] = torch.cuda.clock_rate()
+    except Exception as exc:  # noqa: BLE001 - NVML may be missing; the times still stand
+        out["clock_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        end.synchronize()
+    if "clock_error" not in out:
+        out["sm_mhz_after"] = torch.cuda.clock_rate()
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    kernels = sum(e.self_device_time_total for e in events) / 1e3
+    gemm = sum(e.self_device_time_total for e in events if _is_gemm(e.key)) / 1e3
+    wall = start.elapsed_time(end)
+    out.update(wall_ms_per_call=wall / n, kernel_ms_per_call=kernels / n, gemm_ms_per_call=gemm / n,
+               idle_ms_per_call=(wall - kernels) / n)
+    return out
+
+
+def part_fp8(res: dict, layout, plan, out_dir: Path, dump) -> None:
+    """The block (c) on the shipped VSA dispatch in bf16 and with H3BATCH_PRECISION=fp8's linears (worker/h3/
+    precision.py), same weights and input: ms, per-block budget (linears / attention / quant / glue / gaps), output
+    error of one block, and the five linears alone at M = S."""
+    from h3batch.kernels.fp8_linear import fp8_linear, quantize_rows
+    from h3batch.worker.h3 import model as native
+    from h3batch.worker.h3.config import H3Config
+    from h3batch.worker.h3.precision import quantize_block_
+
+    cfg = H3Config(vsa_gates=True)
+    rows, hidden = layout.sequence_length, cfg.hidden_size
+    out = res.setdefault("fp8", {})
+    tags = layout.token_tags.cuda()
+    adaln_rows = (tags == 2).long() * 3 + tags
+    temb = torch.randn(2, cfg.time_embed_dim, device="cuda", dtype=torch.float32)
+    x = torch.randn(1, rows, hidden, device="cuda", dtype=torch.bfloat16)
+    with torch.device("cuda"):
+        rope = native.RotaryEmbedding(cfg)(layout.position_ids.cuda())
+        block = native.DiTBlock(cfg, torch.bfloat16)
+    for name, p in block.named_parameters():  # N(0, 1/fan_in) matrices, unit gains (bench/e2e.py's fill)
+        with torch.no_grad():
+            p.normal_(0.0, p.shape[1] ** -0.5) if p.ndim == 2 else p.fill_(1.0)
+    block.eval()
+
+    def run():
+        return block(x, temb, adaln_rows, rope, plan)
+
+    ref = run().float()
+    for name in ("bf16", "fp8"):
+        if name == "fp8":
+            quantize_block_(block)
+        first = first_call_s(run)
+        ms = time_ms(run, reps=7, warmup=1)
+        entry = {"first_call_s": first, "ms": ms, "budget": _budget(run, out_dir / f"profile_fp8_part_{name}.txt", ms),
+                 "loop_budget": _loop_budget(run)}
+        if name == "fp8":
+            got = run().float()
+            entry["rel_fro_vs_bf16"] = ((got - ref).norm() / ref.norm()).item()
+            entry["max_abs_vs_bf16"] = (got - ref).abs().max().item()
+            entry["finite"] = bool(torch.isfinite(got).all())
+            entry["speedup_vs_bf16"] = out["bf16"]["ms"] / ms
+        out[name] = entry
+        print("fp8 part", name, {k: v for k, v in entry.items() if k not in ("budget", "loop_budget")}, flush=True)
+        print("  loop budget", entry["loop_budget"], flush=True)
+        print("  budget", {k: (round(v, 3) if isinstance(v, float) else None) for k, v in entry["budget"].items()
+                           if k != "glue_kernels"}, flush=True)
+        dump()
+    # The linears alone at M = S: bf16 F.linear vs quantize + _scaled_mm (weights quantized once).
+    shapes = {"qkv": (hidden, 3 * cfg.inner_dim), "gate": (hidden, cfg.inner_dim), "out": (cfg.inner_dim, hidden),
+              "fc1": (hidden, 2 * cfg.ffn_hidden_size), "fc2": (cfg.ffn_hidden_size, hidden)}
+    lin = out.setdefault("linears", {})
+    for name, (k, n) in shapes.items():
+        a = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+        wq, ws = quantize_rows(w)
+        bf = time_ms(lambda: F.linear(a, w), reps=10)
+        f8 = time_ms(lambda: fp8_linear(a, wq, ws), reps=10)
+        q = time_ms(lambda: quantize_rows(a), reps=10)
+        r = F.linear(a, w).float()
+        err = ((fp8_linear(a, wq, ws).float() - r).norm() / r.norm()).item()
+        lin[name] = {"bf16_ms": bf, "fp8_ms": f8, "quant_ms": q, "speedup": bf / f8, "rel_fro": err,
+                     "fp8_TFLOPs": 2 * rows * k * n / f8 / 1e9}
+        print("fp8 linear", name, lin[name], flush=True)
+        del a, w, wq, ws
+    dump()
+
+
 def print_table(res: dict) -> None:
     att, blk = res.get("attention", {}), res.get("block", {})
     tk = att.get("tk", {})
@@ -617,7 +750,8 @@ def main(argv=None) -> int:
     for part, fn in (("peak", lambda: part_peak(res, layout.sequence_length)),
                      ("attention", lambda: part_attention(res, plan, args.sweep, dump)),
                      ("block", lambda: part_block(res, layout, plan, args.out, dump, args.c0)),
-                     ("glue", lambda: part_glue(res, layout.sequence_length, dump))):
+                     ("glue", lambda: part_glue(res, layout.sequence_length, dump)),
+                     ("fp8", lambda: part_fp8(res, layout, plan, args.out, dump))):
         if part not in parts:
             continue
         t0 = time.perf_counter()

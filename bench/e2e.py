@@ -15,11 +15,16 @@ One run measures, stage by stage (text_encode, denoise, decode, mux, whole job),
 * baseline:  (`--baseline`) today's path, `WriteOptions.legacy()`: diffusers' per-tile decode with the fp32 VAE
              under fp16 autocast, then libx264 `medium` on the whole clip, no warm-up; two jobs (the second is the
              steady-state figure; the first is reported apart).
+* fp8:       (`--precisions bf16,fp8`) after ours and the baseline, the same DiT put in H3BATCH_PRECISION=fp8 in
+             place (worker/h3/precision.py), its own warm-up and jobs; its final latents (8 steps, same seed) and
+             decoded frames against ours' bf16 ones: relative Frobenius error, max abs, PSNR of frames.
+* warm-up:   `H3BATCH_COMPILE_CACHE` (env) points the Inductor/Triton caches at a directory first; `--warm-only`
+             builds, warms up once, records the seconds and stops (run it twice on one cache: fresh, then restart).
 * decode:    (`--decode-variants`) the decode alone on the same latents: per-tile fp32 weights, per-tile fp16,
              batched fp16 eager, batched fp16 compiled at several tile batches (and CUDA graphs), each against the
              fp32-weight decode (PSNR of frames), plus the audio waveform's max abs difference.
 
-Usage (GPU):  python bench/e2e.py --baseline --jobs 3 --decode-variants --out $OUT/e2e.json
+Usage (GPU):  python bench/e2e.py --baseline --jobs 3 --precisions bf16,fp8 --out $OUT/e2e.json
       (CPU):  python bench/e2e.py --tiny --baseline --jobs 2 --out /tmp/e2e.json
 Prints a table last and writes everything to --out as it arrives.
 """
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -41,10 +47,12 @@ from types import SimpleNamespace
 import torch
 
 from h3batch.core.geometry import TINY_CANVAS, V2_CANVAS
+from h3batch.worker import compile_cache
 from h3batch.worker import pipeline as pipeline_module
 from h3batch.worker.h3 import decode, packing
 from h3batch.worker.h3.config import T2, H3Config
 from h3batch.worker.h3.model import H3Transformer
+from h3batch.worker.h3.precision import apply_precision
 from h3batch.worker.h3.text_encoder import TextEncoder
 from h3batch.worker.pipeline import Pipeline, RenderRequest, WriteOptions
 
@@ -323,15 +331,47 @@ def summarize(jobs: list[dict]) -> dict:
 
 
 def table(res: dict) -> str:
-    ours, base = res.get("ours", {}).get("steady"), res.get("baseline", {}).get("steady")
-    lines = ["| stage | baseline s | ours s | ratio |", "|---|---|---|---|"]
+    """Stage rows; columns baseline, ours bf16, ours fp8 (seconds, steady medians) and the ratios to the baseline."""
+    base = res.get("baseline", {}).get("steady") or {}
+    bf16 = res.get("ours", {}).get("steady") or {}
+    fp8 = res.get("fp8", {}).get("steady") or {}
+
+    def cell(v):
+        return "-" if v is None else f"{v:.3f}"
+
+    def ratio(b, o):
+        return f"{b / o:.2f}x" if b and o else "-"
+
+    lines = ["| stage | baseline s | bf16 s | fp8 s | bf16 vs baseline | fp8 vs baseline |", "|---|---|---|---|---|---|"]
     for stage in (*STAGES, "whole job"):
-        b = base.get(stage) if base else None
-        o = ours.get(stage) if ours else None
-        ratio = f"{b / o:.2f}x" if b and o else "-"
-        lines.append(f"| `{stage}` | {'-' if b is None else f'{b:.3f}'} | {'-' if o is None else f'{o:.3f}'} | "
-                     f"{ratio} |")
+        b, o, f = base.get(stage), bf16.get(stage), fp8.get(stage)
+        lines.append(f"| `{stage}` | {cell(b)} | {cell(o)} | {cell(f)} | {ratio(b, o)} | {ratio(b, f)} |")
     return "\n".join(lines)
+
+
+def served_frames(vae, clip) -> torch.Tensor:
+    """The served decode of a clip's latents (all tiles of a chunk per call), uint8 frames on the CPU."""
+    geo = clip.geometry
+    video = clip.video.to(next(vae.parameters()).device)
+    latents = packing.unpatchify_video(video, geo.latent_frames, geo.latent_height, geo.latent_width)
+    return torch.cat([f.cpu() for f in decode.iter_video_frames(vae, latents, tile_batch=0)])
+
+
+def rel_fro(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64."""
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).norm() / b.norm())
+
+
+def precision_error(clip, reference, vae, reference_frames) -> dict:
+    """Final latents and decoded frames of `clip` against the bf16 `reference` clip (same request and seed)."""
+    frames = served_frames(vae, clip)
+    return {"video_latents_rel_fro": rel_fro(clip.video, reference.video),
+            "audio_latents_rel_fro": rel_fro(clip.audio, reference.audio),
+            "video_latents_max_abs": float((clip.video.float().cpu() - reference.video.float().cpu()).abs().max()),
+            "frames_psnr_db": round(psnr_db(frames, reference_frames), 2),
+            "frames_max_abs_levels": int((frames.int() - reference_frames.int()).abs().max()),
+            "frames_mean_abs_levels": float((frames.float() - reference_frames.float()).abs().mean())}
 
 
 def main() -> None:
@@ -349,6 +389,9 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="ours: eager decoder")
     parser.add_argument("--decode-variants", action="store_true", help="time the decode alone in several forms")
     parser.add_argument("--variant-reps", type=int, default=2)
+    parser.add_argument("--precisions", default="bf16",
+                        help="ours' DiT precisions, in order (bf16 first): bf16 or bf16,fp8")
+    parser.add_argument("--warm-only", action="store_true", help="build, warm up once, record, stop")
     parser.add_argument("--out", type=Path, required=True, help="JSON results file")
     args = parser.parse_args()
     if args.ranks != 1:
@@ -367,6 +410,10 @@ def main() -> None:
     def dump() -> None:
         args.out.write_text(json.dumps(res, indent=1, default=str))
 
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    if not precisions or precisions[0] != "bf16" or not set(precisions) <= {"bf16", "fp8"}:
+        parser.error(f"--precisions: bf16 first, then optionally fp8; got {args.precisions!r}")
+    res["compile_cache"] = compile_cache.configure(os.environ.get("H3BATCH_COMPILE_CACHE") or None)
     t0 = time.perf_counter()
     dit = build_dit(args.tiny, device)
     text = build_text_encoder(args.tiny, args.text_layers, args.text_tokens, device)
@@ -393,7 +440,11 @@ def main() -> None:
     ours = Pipeline(info, dit, text, fp16_vae, audio_vae, device, write_options=options)
     res["ours"] = {"warm_up_s": round(ours.warm_up([req]), 2)}
     dump()
+    print("warm-up", res["ours"]["warm_up_s"], "s", flush=True)
+    if args.warm_only:
+        return
     jobs, clip = run_jobs(ours, req, max(1, args.jobs), out_dir, "ours")
+    bf16_clip = SimpleNamespace(video=clip.video.cpu(), audio=clip.audio.cpu(), geometry=clip.geometry)
     res["ours"].update(jobs=jobs, steady=summarize(jobs[1:] or jobs))
     if len(jobs) > 1:
         later = statistics.median(j["whole job"] for j in jobs[1:])
@@ -411,6 +462,27 @@ def main() -> None:
             traceback.print_exc()
         dump()
 
+    if "fp8" in precisions:
+        try:
+            t1 = time.perf_counter()
+            apply_precision(dit, "fp8")
+            sync(device)
+            res["fp8"] = {"quantize_s": round(time.perf_counter() - t1, 2)}
+            if device.type == "cuda":
+                res["fp8"]["weights_GiB"] = round(torch.cuda.memory_allocated() / 2**30, 2)
+            fast = Pipeline(info, dit, text, fp16_vae, audio_vae, device, write_options=options)
+            res["fp8"]["warm_up_s"] = round(fast.warm_up([req]), 2)
+            jobs, fp8_clip = run_jobs(fast, req, max(1, args.jobs), out_dir, "fp8")
+            res["fp8"].update(jobs=jobs, steady=summarize(jobs[1:] or jobs))
+            dump()
+            reference_frames = served_frames(fp16_vae, bf16_clip)
+            res["fp8"]["error_vs_bf16"] = precision_error(fp8_clip, bf16_clip, fp16_vae, reference_frames)
+            print("fp8 error", json.dumps(res["fp8"]["error_vs_bf16"]), flush=True)
+        except Exception as exc:  # noqa: BLE001 - keep what the other paths measured
+            res["fp8_error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+            traceback.print_exc()
+        dump()
+
     if args.decode_variants:
         decode_variants(res, fp32_vae, fp16_vae, audio_vae, clip, device, tiles_per_chunk, dump, args.out.parent,
                         args.variant_reps)
@@ -420,6 +492,8 @@ def main() -> None:
     if "decode_variants" in res:
         for name, entry in res["decode_variants"].items():
             print(f"decode variant {name}: {entry.get('s')} s, PSNR {entry.get('psnr_db')} dB {entry.get('error', '')}")
+    if "fp8" in res:
+        print(f"fp8: warm-up {res['fp8'].get('warm_up_s')} s, error {res['fp8'].get('error_vs_bf16')}")
     print(f"ours: warm-up {res['ours']['warm_up_s']} s, first job vs later {res['ours'].get('first_job_vs_later')}, "
           f"GPU idle between jobs {res['ours'].get('gpu_idle_between_jobs_s')}")
     print(res["table"])

@@ -268,6 +268,13 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "where the text encoder's weights live between prompts: `auto` (the memory plan's choice: on the GPU when the "
      "longest clip fits beside it), `resident` (GPU), `offload` (host memory, copied to the GPU to encode), "
      "`stream` (host memory, one layer at a time on the GPU); see docs/performance.md"),
+    ("H3BATCH_PRECISION", "precision", "bf16", _choice("bf16", "fp8"), "worker",
+     "DiT precision of this worker: `bf16` (the release's semantics) or `fp8` (opt-in: the DiT block linears in "
+     "e4m3 with row-wise scales, quantized once at load; needs a GPU of compute capability >= 8.9; error figures in "
+     "docs/performance.md)"),
+    ("H3BATCH_COMPILE_CACHE", "compile_cache", "(unset: the libraries' own per-user temp dirs)", _path, "worker",
+     "persistent directory for the TorchInductor and Triton compile caches (mount a volume there: a restarted "
+     "worker then skips recompiling; docs/deploy.md)"),
     ("H3BATCH_WORKER_NAME", "worker_name", "<hostname>-<pid>", _text, "worker",
      "worker name in heartbeats and job records"),
     ("H3BATCH_STALL_S", "stall_s", "60", _non_negative_float, "worker",
@@ -376,6 +383,8 @@ class Settings:
     device: str | None = None
     ranks: str = "1"
     text_encoder_placement: str = "auto"
+    precision: str = "bf16"
+    compile_cache: Path | None = None
     worker_name: str = ""
     stall_s: float = 60.0
     render_stall_s: float = 300.0

@@ -43,7 +43,7 @@ def service_env(redis_url: str, artifacts: Path, **extra: str) -> dict[str, str]
     return env
 
 
-def wait_http(url: str, timeout_s: float = 30.0, proc: subprocess.Popen | None = None) -> None:
+def wait_http(url: str, timeout_s: float = 300.0, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -188,19 +188,19 @@ def wait_batch(base: str, batch_id: str, headers: dict | None = None, timeout_s:
     deadline = time.monotonic() + timeout_s
     batch = None
     while time.monotonic() < deadline:
-        batch = requests.get(f"{base}/batches/{batch_id}", headers=headers, timeout=10).json()
+        batch = requests.get(f"{base}/batches/{batch_id}", headers=headers, timeout=60).json()
         if batch["finished_at"] is not None:
             return batch
         time.sleep(0.2)
     raise AssertionError(f"batch {batch_id} did not finish; last seen {batch}")
 
 
-def poll_until(base: str, job_id: str, predicate, timeout_s: float = 120.0, interval_s: float = 0.05) -> dict:
+def poll_until(base: str, job_id: str, predicate, timeout_s: float = 600.0, interval_s: float = 0.05) -> dict:
     """GET the job until predicate(job) holds; returns that job JSON."""
     deadline = time.monotonic() + timeout_s
     job = None
     while time.monotonic() < deadline:
-        reply = requests.get(f"{base}/jobs/{job_id}", timeout=10)
+        reply = requests.get(f"{base}/jobs/{job_id}", timeout=60)
         assert reply.status_code == 200, reply.text
         job = reply.json()
         if predicate(job):

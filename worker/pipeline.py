@@ -25,9 +25,10 @@ ViT block compiled, and `warm_up` runs every compiled path once so that no job p
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,6 +49,13 @@ log = logging.getLogger("h3batch.pipeline")
 
 STAGES = ("text_encode", "denoise", "decode", "mux")
 """Render stages in order; `denoise` reports steps 1..8."""
+WARM_UP_DIT_BLOCKS = 1
+"""DiT blocks the warm-up step runs: the 50 blocks have one shape, so the first compiles and loads every kernel the
+others use (FlexAttention / VSA, the fused ops, the fp8 quantizer); the other 49 would only add ~3 s of arithmetic
+to worker start (issue 25's warm-start goal)."""
+WARM_UP_DECODE_CHUNKS = 2
+"""Temporal chunks the warm-up decodes: every chunk of a 5n+2-latent-frame clip has one shape (7 latent frames, the
+same tiles), so the first two (the first, and one after a cross-fade) compile what the rest would only repeat."""
 
 ProgressFn = Callable[[str, int, int], None]
 """on_progress(stage, step, total): step/total count denoise forwards; other stages report (0, 0) on entry."""
@@ -177,6 +185,20 @@ def plan_for(device: torch.device, dit, text, video_vae, audio_vae, *, ranks: in
                             placement=placement)
 
 
+@contextlib.contextmanager
+def first_blocks(dit, count: int) -> Iterator[None]:
+    """Within the block, `dit` runs only its first `count` DiT blocks (warm-up only); restored on exit."""
+    blocks = getattr(dit, "blocks", None)
+    if blocks is None or len(blocks) <= count:
+        yield
+        return
+    dit.blocks = torch.nn.ModuleList(list(blocks)[:count])
+    try:
+        yield
+    finally:
+        dit.blocks = blocks
+
+
 def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
@@ -202,11 +224,18 @@ class Pipeline:
         self.write_options = write_options or WriteOptions()
         self.memory_plan: memory_plan.MemoryPlan | None = None  # set by `load`; None for a DiT-only rank
 
+    @property
+    def precision(self) -> str:
+        """The DiT's serving precision, H3BATCH_PRECISION: `bf16` or `fp8` (worker/h3/precision.py)."""
+        from h3batch.worker.h3.precision import precision_of
+
+        return precision_of(self.dit)
+
     @classmethod
     def load(cls, release: str | Path, *, device: str | torch.device | None = None,
              hf_cache: str | Path | None = None, require_pinned_base: bool = False,
              warm_up: Sequence[RenderRequest] | None = None, text_placement: str = "auto",
-             ranks: int = 1) -> Pipeline:
+             ranks: int = 1, precision: str = "bf16") -> Pipeline:
         """Resolve the release (a directory or a Hub reference), validate it, fetch the base VAEs at the provenance
         revision and load every model; raises ValueError on any violation (the reference, contract and fetch errors
         are one line naming what failed).
@@ -217,11 +246,17 @@ class Pipeline:
 
         The memory plan (worker/h3/memory_plan.py) for `ranks` GPUs like this one is made from the loaded modules'
         bytes and logged; it places the text encoder (`text_placement`: auto, resident, offload, stream; see
-        worker/h3/text_placement.py) and is kept as `memory_plan` (its `max_rows` is what this worker serves)."""
+        worker/h3/text_placement.py) and is kept as `memory_plan` (its `max_rows` is what this worker serves).
+
+        `precision` is H3BATCH_PRECISION (worker/h3/precision.py): `bf16` loads the DiT as released; `fp8`
+        quantizes its block linears once, after loading (refused before any loading on a GPU without e4m3 GEMMs)."""
+        from h3batch.worker.h3.precision import apply_precision, check_device, check_precision
         from h3batch.worker.h3.text_encoder import TextEncoder
         from h3batch.worker.h3.text_placement import place_text_encoder
 
         device = torch.device(device) if device is not None else default_device()
+        precision = check_precision(precision)
+        check_device(precision, device)
         resolved = release_ref.resolve_release(release, release_ref.ReleaseRole.TEXT, cache_dir=hf_cache)
         info = contract.validate_release(resolved.path, require_pinned_base=require_pinned_base)
         log.info("release %s: %s", info.model_id, info.startup_log_line)
@@ -230,7 +265,7 @@ class Pipeline:
         log.info("release %s commit %s; base %s@%s resolved to commit %s", provenance["release"],
                  provenance["release_commit"] or "(local directory)", base.repo_id, base.revision, base.commit)
         root = Path(info.path)
-        dit = load_transformer(root / "transformer", vsa_gates=True, device=device)
+        dit = apply_precision(load_transformer(root / "transformer", vsa_gates=True, device=device), precision)
         cuda = device.type == "cuda"
         # Decoder only, on every device: the encoder (0.67 GiB at V2 size) is dropped before the move, so it never
         # reaches the GPU; decode post-processing then runs per temporal chunk (WriteOptions.tile_batch=0).
@@ -271,19 +306,23 @@ class Pipeline:
 
     @torch.inference_mode()
     def warm_up(self, requests: Sequence[RenderRequest]) -> float:
-        """Run each compiled path once per geometry in `requests`: text encode, one DiT step, the video decode of
-        those latents (the compiled decoder at this geometry's tile batch) and the audio decode. Writes nothing;
-        returns the seconds spent."""
+        """Run each compiled path once per geometry in `requests`: text encode, one DiT step through the first
+        `WARM_UP_DIT_BLOCKS` blocks, the first `WARM_UP_DECODE_CHUNKS` chunks of the video decode of those latents
+        (the compiled decoder at this geometry's tile batch) and the audio decode. Writes nothing; returns the
+        seconds spent."""
         t0 = time.perf_counter()
         for req in requests:
-            clip = self.denoise(req, steps=1)
+            with first_blocks(self.dit, WARM_UP_DIT_BLOCKS):
+                clip = self.denoise(req, steps=1)
             geo = clip.geometry
             latents = packing.unpatchify_video(clip.video, geo.latent_frames, geo.latent_height, geo.latent_width)
             if self.write_options.tile_batch is None:
                 decode.decode_video(self.video_vae, latents)
             else:
-                for _ in decode.iter_video_frames(self.video_vae, latents, tile_batch=self.write_options.tile_batch):
+                frames = decode.iter_video_frames(self.video_vae, latents, tile_batch=self.write_options.tile_batch)
+                for _, _ in zip(range(WARM_UP_DECODE_CHUNKS), frames):
                     pass
+                frames.close()
             decode.decode_audio(self.audio_vae, clip.audio[0])
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -74,20 +74,22 @@ def ranks_from_env(environ: dict[str, str] | None = None) -> int:
 
 def load_pipeline(release_dir: str | Path, *, ranks: int = 1, device: str | torch.device | None = None,
                   hf_cache: str | Path | None = None, require_pinned_base: bool = False,
-                  text_placement: str = "auto") -> Pipeline | RankGroupPipeline:
+                  text_placement: str = "auto", precision: str = "bf16") -> Pipeline | RankGroupPipeline:
     """A resident pipeline: the plain in-process `Pipeline` for ranks = 1, a `RankGroupPipeline` for more.
 
     Both offer release_id, contract_hash, memory_plan, validate(req), render(req, out_path, on_progress=,
-    should_cancel=), close(). `text_placement` is H3BATCH_TEXT_ENCODER_PLACEMENT (worker/h3/memory_plan.py).
+    should_cancel=), close(). `text_placement` is H3BATCH_TEXT_ENCODER_PLACEMENT (worker/h3/memory_plan.py),
+    `precision` H3BATCH_PRECISION (worker/h3/precision.py), the same on every rank.
     Raises ValueError for a bad rank count or release (the contract and loader errors name the field).
     """
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks: expected a positive integer, got {ranks!r}")
     if ranks == 1:
         return Pipeline.load(release_dir, device=device, hf_cache=hf_cache, require_pinned_base=require_pinned_base,
-                             text_placement=text_placement)
+                             text_placement=text_placement, precision=precision)
     return RankGroupPipeline.start(release_dir, ranks=ranks, device=device, hf_cache=hf_cache,
-                                   require_pinned_base=require_pinned_base, text_placement=text_placement)
+                                   require_pinned_base=require_pinned_base, text_placement=text_placement,
+                                   precision=precision)
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ class RankSpec:
     log_level: int  # the driver's root logging level, so ranks log like the process that started them
     require_pinned_base: bool = False  # H3BATCH_REQUIRE_PINNED_BASE
     text_placement: str = "auto"  # H3BATCH_TEXT_ENCODER_PLACEMENT (rank 0's encoder)
+    precision: str = "bf16"  # H3BATCH_PRECISION (every rank's DiT)
 
 
 class RankGroupPipeline:
@@ -117,6 +120,7 @@ class RankGroupPipeline:
         self.provenance = ready.get("provenance", {})
         self.canvas = ready.get("canvas")
         self.memory_plan = ready.get("memory_plan")  # rank 0's plan for the whole group (worker/h3/memory_plan.py)
+        self.precision = spec.precision  # H3BATCH_PRECISION, applied by every rank at load
         self._processes = processes
         self._commands = commands
         self._events = events
@@ -127,7 +131,8 @@ class RankGroupPipeline:
     @classmethod
     def start(cls, release_dir: str | Path, *, ranks: int, device: str | torch.device | None = None,
               hf_cache: str | Path | None = None, start_timeout_s: float | None = None,
-              require_pinned_base: bool = False, text_placement: str = "auto") -> RankGroupPipeline:
+              require_pinned_base: bool = False, text_placement: str = "auto",
+              precision: str = "bf16") -> RankGroupPipeline:
         """Spawn `ranks` processes, load the release on each and wait until all are ready.
 
         device: "cuda" (rank r on cuda:r; needs ranks ≤ visible GPUs), "cpu" (gloo), None = cuda when available.
@@ -147,7 +152,7 @@ class RankGroupPipeline:
             threads = max(1, (os.cpu_count() or 1) // ranks)
         spec = RankSpec(str(release_dir), None if hf_cache is None else str(hf_cache), ranks, device_type,
                         _free_port(), threads, logging.getLogger().getEffectiveLevel(), require_pinned_base,
-                        text_placement)
+                        text_placement, precision)
 
         ctx = mp.get_context("spawn")
         commands = [ctx.Queue() for _ in range(ranks)]
@@ -397,16 +402,18 @@ def _load_rank_pipeline(rank: int, spec: RankSpec, device: torch.device) -> Pipe
     from h3batch.worker.h3 import contract, release_ref
     from h3batch.worker.h3.loader import load_transformer
     from h3batch.worker.h3.parallel import apply_sequence_parallel
+    from h3batch.worker.h3.precision import apply_precision
 
     if rank == 0:
         pipe = Pipeline.load(spec.release_dir, device=device, hf_cache=spec.hf_cache,
                              require_pinned_base=spec.require_pinned_base, text_placement=spec.text_placement,
-                             ranks=spec.world)
+                             ranks=spec.world, precision=spec.precision)
     else:
         resolved = release_ref.resolve_release(spec.release_dir, release_ref.ReleaseRole.DIT, cache_dir=spec.hf_cache)
         info = contract.validate_release(resolved.path, require_pinned_base=spec.require_pinned_base,
                                          conditioner=False)
-        dit = load_transformer(Path(info.path) / "transformer", vsa_gates=True, device=device)
+        dit = apply_precision(load_transformer(Path(info.path) / "transformer", vsa_gates=True, device=device),
+                              spec.precision)
         pipe = Pipeline(info, dit, None, None, None, device)
     apply_sequence_parallel(pipe.dit)
     pipe.text_encoder = BroadcastTextEncoder(pipe.text_encoder, None, device, pipe.dit.config.text_dim,

@@ -17,7 +17,7 @@ import redis
 from h3batch.core import defaults, keys
 from h3batch.core.celery_app import make_celery
 from h3batch.settings import Settings
-from h3batch.worker import capacity, webhook_delivery
+from h3batch.worker import capacity, compile_cache, webhook_delivery
 from h3batch.worker.deadline import DeadlineConfig, RunDeadline
 from h3batch.worker.heartbeat import Heartbeat, WorkerState
 
@@ -55,12 +55,13 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
         from h3batch.worker.rank_group import RANKS_ENV, load_pipeline, ranks_from_env  # noqa: PLC0415  (torch)
 
         r = redis.Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=30)
+        compile_cache.configure(settings.compile_cache)  # before the first compile (the load's warm-up)
         started = time.perf_counter()
         ranks = ranks_from_env({RANKS_ENV: settings.ranks})  # ValueError names H3BATCH_RANKS
         # ranks = 1: the plain in-process Pipeline; more: a resident rank group (spawned, one GPU each).
         pipeline = load_pipeline(settings.release_dir, ranks=ranks, device=settings.device,
                                  hf_cache=settings.hf_cache_dir, require_pinned_base=settings.require_pinned_base,
-                                 text_placement=settings.text_encoder_placement)
+                                 text_placement=settings.text_encoder_placement, precision=settings.precision)
         load_s = time.perf_counter() - started
         loads = int(r.hincrby(keys.STATS, "model_loads", 1))
         sender = make_celery(settings.redis_url, max_run_s=settings.max_run_s)

@@ -94,12 +94,12 @@ def rc(compat_redis_url) -> redis.Redis:
 
 
 def wait_job(base: str, job_id: str, statuses=("completed", "failed", "cancelled"), key: str = KEY_A,
-             timeout_s: float = 120.0) -> dict:
+             timeout_s: float = 600.0) -> dict:
     """GET /jobs/{id} until its status is one of `statuses`."""
     deadline = time.monotonic() + timeout_s
     job = None
     while time.monotonic() < deadline:
-        job = requests.get(f"{base}/jobs/{job_id}", headers=auth(key), timeout=10).json()
+        job = requests.get(f"{base}/jobs/{job_id}", headers=auth(key), timeout=60).json()
         if job.get("status") in statuses:
             return job
         time.sleep(0.1)
@@ -134,7 +134,7 @@ class Receiver:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
-    def wait_calls(self, n: int, timeout_s: float = 30.0) -> list[dict]:
+    def wait_calls(self, n: int, timeout_s: float = 300.0) -> list[dict]:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self.lock:

@@ -35,11 +35,11 @@ def jobs_made(api):
     made: list[str] = []
     yield made
     for job_id in made:
-        requests.delete(f"{api.base}/jobs/{job_id}", timeout=10)
+        requests.delete(f"{api.base}/jobs/{job_id}", timeout=60)
 
 
 def create(api, made: list[str], **body) -> requests.Response:
-    reply = requests.post(f"{api.base}/jobs", json={"prompt": "rain on a tin roof", **body}, timeout=10)
+    reply = requests.post(f"{api.base}/jobs", json={"prompt": "rain on a tin roof", **body}, timeout=60)
     if reply.status_code in (200, 202):
         made.append(reply.json()["id"])
     return reply
@@ -53,7 +53,7 @@ def test_create_answers_202_with_location_and_a_readable_queued_record(api, jobs
     assert reply.headers["Location"] == f"/jobs/{job['id']}"
     assert job["status"] == "queued" and job["stage"] == "queued" and job["progress"] == 0.0
     assert 0 <= job["seed"] < 2**63 and job["links"]["content"] == f"/jobs/{job['id']}/content"
-    again = requests.get(f"{api.base}{reply.headers['Location']}", timeout=10)
+    again = requests.get(f"{api.base}{reply.headers['Location']}", timeout=60)
     assert again.status_code == 200 and again.json()["seed"] == job["seed"]
     assert r.hget(f"h3b:job:{job['id']}", "status") == "queued"
 
@@ -77,20 +77,20 @@ def test_create_answers_202_with_location_and_a_readable_queued_record(api, jobs
 ])
 def test_bad_create_bodies_get_400_with_the_error_envelope(api, jobs_made, body, code):
     """Each invalid create body is refused at the door with 400 and a stable error code, never a 500."""
-    reply = requests.post(f"{api.base}/jobs", json=body, timeout=10)
+    reply = requests.post(f"{api.base}/jobs", json=body, timeout=60)
     assert_error(reply, 400, code)
 
 
 def test_non_json_body_gets_400(api):
     """A body that is not JSON at all gets 400 invalid_json."""
-    reply = requests.post(f"{api.base}/jobs", data=b"prompt=hi", headers={"Content-Type": "text/plain"}, timeout=10)
+    reply = requests.post(f"{api.base}/jobs", data=b"prompt=hi", headers={"Content-Type": "text/plain"}, timeout=60)
     assert_error(reply, 400, "invalid_json")
 
 
 def test_body_over_64_kib_gets_413(api):
     """A create body above 64 KiB gets 413 request_too_large in the JSON envelope (gunicorn, not the dev server)."""
     reply = requests.post(f"{api.base}/jobs", data=b'{"prompt": "' + b"a" * 70_000 + b'"}',
-                          headers={"Content-Type": "application/json"}, timeout=10)
+                          headers={"Content-Type": "application/json"}, timeout=60)
     assert_error(reply, 413, "request_too_large")
 
 
@@ -100,13 +100,13 @@ def test_body_over_64_kib_gets_413(api):
 ])
 def test_unknown_job_is_404_job_not_found(api, method, path):
     """Every per-job route answers 404 job_not_found for an id that does not exist."""
-    assert_error(requests.request(method, api.base + path, timeout=10), 404, "job_not_found")
+    assert_error(requests.request(method, api.base + path, timeout=60), 404, "job_not_found")
 
 
 def test_unknown_route_and_wrong_method_are_json(api):
     """werkzeug's own 404 and 405 come back in the JSON envelope (405 keeps its Allow header)."""
-    assert_error(requests.get(f"{api.base}/no/such/route", timeout=10), 404, "not_found")
-    reply = requests.put(f"{api.base}/jobs", timeout=10)
+    assert_error(requests.get(f"{api.base}/no/such/route", timeout=60), 404, "not_found")
+    reply = requests.put(f"{api.base}/jobs", timeout=60)
     assert_error(reply, 405, "method_not_allowed")
     assert "POST" in reply.headers["Allow"]
 
@@ -114,7 +114,7 @@ def test_unknown_route_and_wrong_method_are_json(api):
 def test_content_of_an_unfinished_job_is_409(api, jobs_made):
     """Downloading a queued job's video answers 409 job_not_completed with x-should-retry: false."""
     job = create(api, jobs_made).json()
-    reply = requests.get(f"{api.base}/jobs/{job['id']}/content", timeout=10)
+    reply = requests.get(f"{api.base}/jobs/{job['id']}/content", timeout=60)
     assert_error(reply, 409, "job_not_completed")
     assert reply.headers["x-should-retry"] == "false"
 
@@ -123,26 +123,26 @@ def test_queue_positions_are_fifo_and_cancel_removes_from_the_queue(api, jobs_ma
     """Queued jobs hold consecutive positions in creation order; cancelling one makes it cancelled at once,
     removes it from the queue zset and moves the later ones up; a second cancel is 409."""
     ids = [create(api, jobs_made).json()["id"] for _ in range(3)]
-    positions = [requests.get(f"{api.base}/jobs/{i}", timeout=10).json()["queue_position"] for i in ids]
+    positions = [requests.get(f"{api.base}/jobs/{i}", timeout=60).json()["queue_position"] for i in ids]
     assert positions == sorted(positions) and positions[2] - positions[0] == 2
-    cancelled = requests.post(f"{api.base}/jobs/{ids[1]}/cancel", timeout=10)
+    cancelled = requests.post(f"{api.base}/jobs/{ids[1]}/cancel", timeout=60)
     assert cancelled.status_code == 202
     body = cancelled.json()
     assert body["status"] == "cancelled" and body["queue_position"] is None and body["started_at"] is None
     assert body["cancel_reason"] == "user" and body["cancelled_at_stage"] == "queued"
     assert r.zscore("h3b:queue", ids[1]) is None
-    last = requests.get(f"{api.base}/jobs/{ids[2]}", timeout=10).json()["queue_position"]
+    last = requests.get(f"{api.base}/jobs/{ids[2]}", timeout=60).json()["queue_position"]
     assert last == positions[2] - 1
-    assert_error(requests.post(f"{api.base}/jobs/{ids[1]}/cancel", timeout=10), 409, "job_already_terminal")
+    assert_error(requests.post(f"{api.base}/jobs/{ids[1]}/cancel", timeout=60), 409, "job_already_terminal")
 
 
 def test_delete_removes_record_and_index_entries(api, jobs_made, r):
     """DELETE answers 204; the record, its queue entry and index entry are gone and GET is 404."""
     job_id = create(api, jobs_made).json()["id"]
-    assert requests.delete(f"{api.base}/jobs/{job_id}", timeout=10).status_code == 204
+    assert requests.delete(f"{api.base}/jobs/{job_id}", timeout=60).status_code == 204
     assert r.exists(f"h3b:job:{job_id}") == 0
     assert r.zscore("h3b:queue", job_id) is None and r.zscore("h3b:jobs", job_id) is None
-    assert_error(requests.get(f"{api.base}/jobs/{job_id}", timeout=10), 404, "job_not_found")
+    assert_error(requests.get(f"{api.base}/jobs/{job_id}", timeout=60), 404, "job_not_found")
 
 
 def test_list_pages_newest_first_without_duplicates(api, jobs_made):
@@ -152,7 +152,7 @@ def test_list_pages_newest_first_without_duplicates(api, jobs_made):
     after = None
     while True:
         params = {"limit": 2, **({"after": after} if after else {})}
-        page = requests.get(f"{api.base}/jobs", params=params, timeout=10).json()
+        page = requests.get(f"{api.base}/jobs", params=params, timeout=60).json()
         assert page["object"] == "list" and len(page["data"]) <= 2
         seen += [j["id"] for j in page["data"]]
         if not page["has_more"] or all(i in seen for i in ids):
@@ -161,14 +161,14 @@ def test_list_pages_newest_first_without_duplicates(api, jobs_made):
     mine = [i for i in seen if i in ids]
     assert mine == list(reversed(ids))
     assert len(seen) == len(set(seen))
-    assert_error(requests.get(f"{api.base}/jobs", params={"after": "job_nope"}, timeout=10), 400, "invalid_cursor")
-    assert_error(requests.get(f"{api.base}/jobs", params={"limit": 0}, timeout=10), 400, "invalid_request")
-    assert_error(requests.get(f"{api.base}/jobs", params={"status": "done"}, timeout=10), 400, "invalid_request")
+    assert_error(requests.get(f"{api.base}/jobs", params={"after": "job_nope"}, timeout=60), 400, "invalid_cursor")
+    assert_error(requests.get(f"{api.base}/jobs", params={"limit": 0}, timeout=60), 400, "invalid_request")
+    assert_error(requests.get(f"{api.base}/jobs", params={"status": "done"}, timeout=60), 400, "invalid_request")
 
 
 def test_openapi_documents_every_route_with_schemas_from_the_models(api):
     """/openapi.json is OpenAPI 3.1, lists every job route and status code, and carries the pydantic schemas."""
-    doc = requests.get(f"{api.base}/openapi.json", timeout=10).json()
+    doc = requests.get(f"{api.base}/openapi.json", timeout=60).json()
     assert doc["openapi"].startswith("3.1")
     for path in ("/jobs", "/jobs/{job_id}", "/jobs/{job_id}/cancel", "/jobs/{job_id}/content", "/healthz",
                  "/readyz"):
@@ -208,25 +208,25 @@ def test_bearer_keys_gate_every_job_route_and_isolate_owners(keyed_api, caplog):
     routes need no key; the keys never appear in logs."""
     one = {"Authorization": "Bearer canary-key-one-7f3a"}
     two = {"Authorization": "Bearer canary-key-two-9b1c"}
-    reply = requests.post(f"{keyed_api}/jobs", json={"prompt": "x"}, timeout=10)
+    reply = requests.post(f"{keyed_api}/jobs", json={"prompt": "x"}, timeout=60)
     assert_error(reply, 401, "unauthorized")
     assert reply.headers["WWW-Authenticate"].startswith("Bearer")
-    assert_error(requests.get(f"{keyed_api}/jobs", headers={"Authorization": "Bearer nope"}, timeout=10),
+    assert_error(requests.get(f"{keyed_api}/jobs", headers={"Authorization": "Bearer nope"}, timeout=60),
                  401, "unauthorized")
-    assert_error(requests.get(f"{keyed_api}/jobs", headers={"Authorization": "Basic abc"}, timeout=10),
+    assert_error(requests.get(f"{keyed_api}/jobs", headers={"Authorization": "Basic abc"}, timeout=60),
                  401, "unauthorized")
-    made = requests.post(f"{keyed_api}/jobs", json={"prompt": "x"}, headers=one, timeout=10)
+    made = requests.post(f"{keyed_api}/jobs", json={"prompt": "x"}, headers=one, timeout=60)
     assert made.status_code == 202, made.text
     job_id = made.json()["id"]
-    assert requests.get(f"{keyed_api}/jobs/{job_id}", headers=one, timeout=10).status_code == 200
-    assert_error(requests.get(f"{keyed_api}/jobs/{job_id}", headers=two, timeout=10), 404, "job_not_found")
-    listed = requests.get(f"{keyed_api}/jobs", headers=two, timeout=10).json()["data"]
+    assert requests.get(f"{keyed_api}/jobs/{job_id}", headers=one, timeout=60).status_code == 200
+    assert_error(requests.get(f"{keyed_api}/jobs/{job_id}", headers=two, timeout=60), 404, "job_not_found")
+    listed = requests.get(f"{keyed_api}/jobs", headers=two, timeout=60).json()["data"]
     assert job_id not in [j["id"] for j in listed]
     for path in ("/healthz", "/openapi.json"):
-        assert requests.get(keyed_api + path, timeout=10).status_code == 200
-    ready = requests.get(f"{keyed_api}/readyz", timeout=10)
+        assert requests.get(keyed_api + path, timeout=60).status_code == 200
+    ready = requests.get(f"{keyed_api}/readyz", timeout=60)
     assert ready.status_code == 503 and ready.json()["checks"]["workers"]["ok"] is False
-    assert requests.delete(f"{keyed_api}/jobs/{job_id}", headers=one, timeout=10).status_code == 204
+    assert requests.delete(f"{keyed_api}/jobs/{job_id}", headers=one, timeout=60).status_code == 204
     logged = "\n".join(rec.getMessage() for phase in ("setup", "call") for rec in caplog.get_records(phase))
     assert "canary-key" not in logged
     assert "api keys loaded count=2" in logged
@@ -254,11 +254,11 @@ def test_full_queue_answers_503_queue_full_with_retry_after(redis_url, artifacts
     base, stop = serve_in_thread(create_app({"REDIS_URL": url, "ARTIFACTS_DIR": str(artifacts_dir),
                                              "MAX_QUEUED": 2}))
     try:
-        ids = [requests.post(f"{base}/jobs", json={"prompt": "x"}, timeout=10).json()["id"] for _ in range(2)]
-        reply = requests.post(f"{base}/jobs", json={"prompt": "x"}, timeout=10)
+        ids = [requests.post(f"{base}/jobs", json={"prompt": "x"}, timeout=60).json()["id"] for _ in range(2)]
+        reply = requests.post(f"{base}/jobs", json={"prompt": "x"}, timeout=60)
         error = assert_error(reply, 503, "queue_full")
         assert error["retryable"] is True and 0 < int(reply.headers["Retry-After"]) <= 120
-        assert [requests.get(f"{base}/jobs/{i}", timeout=10).json()["queue_position"] for i in ids] == [1, 2]
+        assert [requests.get(f"{base}/jobs/{i}", timeout=60).json()["queue_position"] for i in ids] == [1, 2]
     finally:
         stop()
         redis_lib.Redis.from_url(url).flushdb()
@@ -274,7 +274,7 @@ def test_unreachable_redis_is_503_storage_unavailable_not_500(artifacts_dir):
     try:
         assert_error(requests.post(f"{base}/jobs", json={"prompt": "x"}, timeout=30), 503, "storage_unavailable")
         assert_error(requests.get(f"{base}/jobs/job_x", timeout=30), 503, "storage_unavailable")
-        assert requests.get(f"{base}/healthz", timeout=10).status_code == 200
+        assert requests.get(f"{base}/healthz", timeout=60).status_code == 200
         ready = requests.get(f"{base}/readyz", timeout=30)
         assert ready.status_code == 503 and ready.json()["checks"]["redis"]["ok"] is False
     finally:
@@ -285,13 +285,13 @@ def test_idempotency_key_replays_the_same_job_and_refuses_another_body(api, jobs
     """A create retried with the same Idempotency-Key and body returns the original job (Idempotent-Replayed);
     the same key with a different body is 422; 20 concurrent identical creates make exactly one job."""
     headers = {"Idempotency-Key": '"retry-me-1"'}
-    first = requests.post(f"{api.base}/jobs", json={"prompt": "once"}, headers=headers, timeout=10)
+    first = requests.post(f"{api.base}/jobs", json={"prompt": "once"}, headers=headers, timeout=60)
     assert first.status_code == 202
     jobs_made.append(first.json()["id"])
-    again = requests.post(f"{api.base}/jobs", json={"prompt": "once"}, headers=headers, timeout=10)
+    again = requests.post(f"{api.base}/jobs", json={"prompt": "once"}, headers=headers, timeout=60)
     assert again.status_code == 202 and again.headers["Idempotent-Replayed"] == "true"
     assert again.json()["id"] == first.json()["id"] and again.json()["seed"] == first.json()["seed"]
-    assert_error(requests.post(f"{api.base}/jobs", json={"prompt": "twice"}, headers=headers, timeout=10),
+    assert_error(requests.post(f"{api.base}/jobs", json={"prompt": "twice"}, headers=headers, timeout=60),
                  422, "idempotency_key_reused")
 
     before = r.zcard("h3b:jobs")

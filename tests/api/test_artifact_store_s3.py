@@ -51,12 +51,12 @@ class S3Stack:
     def render(self, base: str | None = None, **body) -> dict:
         base = base or self.stream.base
         reply = requests.post(f"{base}/jobs", json={"prompt": "rain on a tin roof", "seconds": 4, **SMALL, **body},
-                              headers=AUTH, timeout=10)
+                              headers=AUTH, timeout=60)
         assert reply.status_code in (200, 201, 202), reply.text
         job_id = reply.json()["id"]
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            job = requests.get(f"{base}/jobs/{job_id}", headers=AUTH, timeout=10).json()
+            job = requests.get(f"{base}/jobs/{job_id}", headers=AUTH, timeout=60).json()
             if job["status"] in ("completed", "failed", "cancelled"):
                 assert job["status"] == "completed", job
                 return job
@@ -176,7 +176,7 @@ def test_batch_archive_reads_the_mp4s_from_the_bucket(s3):
     batch_id = made.json()["id"]
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
-        batch = requests.get(f"{s3.stream.base}/batches/{batch_id}", headers=AUTH, timeout=10).json()
+        batch = requests.get(f"{s3.stream.base}/batches/{batch_id}", headers=AUTH, timeout=60).json()
         if batch["finished_at"]:
             break
         time.sleep(0.2)
@@ -184,7 +184,7 @@ def test_batch_archive_reads_the_mp4s_from_the_bucket(s3):
     archive = requests.get(f"{s3.stream.base}/batches/{batch_id}/archive", headers=AUTH, timeout=60)
     assert archive.status_code == 200, archive.text
     results = [json.loads(line) for line in
-               requests.get(f"{s3.stream.base}/batches/{batch_id}/results", headers=AUTH, timeout=10).text.splitlines()]
+               requests.get(f"{s3.stream.base}/batches/{batch_id}/results", headers=AUTH, timeout=60).text.splitlines()]
     with zipfile.ZipFile(io.BytesIO(archive.content)) as zf:
         for item in results:
             member = zf.read(f"{item['custom_id']}.mp4")
@@ -311,7 +311,7 @@ def test_expiry_lazy_and_by_the_garbage_pass(s3, done_job, submitted):
     live_artifact = s3.r.hget(f"h3b:job:{live['id']}", "artifact")
     assert s3.moto.keys(f"jobs/{live['id']}/") == [f"jobs/{live_artifact}"]
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
-    assert requests.get(f"{s3.stream.base}/jobs/{swept['id']}", headers=AUTH, timeout=10).json()["status"] == "expired"
+    assert requests.get(f"{s3.stream.base}/jobs/{swept['id']}", headers=AUTH, timeout=60).json()["status"] == "expired"
     assert requests.get(f"{s3.stream.base}/jobs/{live['id']}/content", headers=AUTH, timeout=30).status_code == 200
 
 
@@ -378,7 +378,7 @@ def test_upload_failure_mid_job_renders_again_and_completes_once(s3):
     """The store vanishes while a job renders: the upload fails, the job is left to the reaper (not failed), and
     once the store is back the next attempt renders and uploads it; the record names that attempt's object only."""
     reply = requests.post(f"{s3.stream.base}/jobs", json={"prompt": "a kettle whistles", "seconds": 4, **SMALL},
-                          headers=AUTH, timeout=10)
+                          headers=AUTH, timeout=60)
     job_id = reply.json()["id"]
     deadline = time.monotonic() + 300
     while s3.r.hget(f"h3b:job:{job_id}", "stage") not in ("denoise", "decode", "mux"):

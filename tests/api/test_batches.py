@@ -35,7 +35,7 @@ def _jsonl(base: str, text: str, headers: dict | None = None, **fields) -> reque
 
 
 def _results(base: str, batch_id: str) -> list[dict]:
-    reply = requests.get(f"{base}/batches/{batch_id}/results", headers=auth(), timeout=10)
+    reply = requests.get(f"{base}/batches/{batch_id}/results", headers=auth(), timeout=60)
     assert reply.status_code == 200 and reply.headers["Content-Type"].startswith("application/x-ndjson")
     return [json.loads(line) for line in reply.text.splitlines()]
 
@@ -102,15 +102,15 @@ def test_skip_mode_idempotency_ownership_and_listing(stack, rc):
     assert [(x["index"], x["custom_id"]) for x in lines] == [(0, "bell"), (2, None)]
     # another key sees nothing of it
     for method, path in [("get", ""), ("get", "/results"), ("get", "/archive"), ("post", "/cancel"), ("delete", "")]:
-        reply = requests.request(method, f"{stack.base}/batches/{batch['id']}{path}", headers=auth(KEY_B), timeout=10)
+        reply = requests.request(method, f"{stack.base}/batches/{batch['id']}{path}", headers=auth(KEY_B), timeout=60)
         assert reply.status_code == 404 and reply.json()["error"]["code"] == "batch_not_found", (method, path)
     assert batch["id"] not in [b["id"] for b in requests.get(f"{stack.base}/batches", headers=auth(KEY_B),
-                                                            timeout=10).json()["data"]]
-    page = requests.get(f"{stack.base}/batches?limit=1", headers=auth(), timeout=10).json()
+                                                            timeout=60).json()["data"]]
+    page = requests.get(f"{stack.base}/batches?limit=1", headers=auth(), timeout=60).json()
     assert page["data"][0]["id"] == batch["id"] and page["has_more"] is True
-    older = requests.get(f"{stack.base}/batches?limit=1&after={batch['id']}", headers=auth(), timeout=10)
+    older = requests.get(f"{stack.base}/batches?limit=1&after={batch['id']}", headers=auth(), timeout=60)
     assert older.status_code == 200 and older.json()["data"][0]["id"] == earlier.json()["id"]
-    foreign = requests.get(f"{stack.base}/batches?after={batch['id']}", headers=auth(KEY_B), timeout=10)
+    foreign = requests.get(f"{stack.base}/batches?after={batch['id']}", headers=auth(KEY_B), timeout=60)
     assert foreign.status_code == 400 and foreign.json()["error"]["code"] == "invalid_cursor"
     done = wait_batch(stack.base, batch["id"], auth())
     assert done["status"] == "completed" and done["counts"]["completed"] == 2 and done["progress"] == 1.0
@@ -119,10 +119,10 @@ def test_skip_mode_idempotency_ownership_and_listing(stack, rc):
     job_ids = [x["job_id"] for x in _results(stack.base, batch["id"])]
     dirs = [stack_artifacts(stack) / job_id for job_id in job_ids]
     assert all((d / "video.mp4").is_file() for d in dirs)
-    gone = requests.delete(f"{stack.base}/batches/{batch['id']}", headers=auth(), timeout=10)
+    gone = requests.delete(f"{stack.base}/batches/{batch['id']}", headers=auth(), timeout=60)
     assert gone.status_code == 200 and gone.json() == {"id": batch["id"], "object": "batch.deleted", "deleted": True}
-    assert requests.get(f"{stack.base}/batches/{batch['id']}", headers=auth(), timeout=10).status_code == 404
-    assert all(requests.get(f"{stack.base}/jobs/{j}", headers=auth(), timeout=10).status_code == 404 for j in job_ids)
+    assert requests.get(f"{stack.base}/batches/{batch['id']}", headers=auth(), timeout=60).status_code == 404
+    assert all(requests.get(f"{stack.base}/jobs/{j}", headers=auth(), timeout=60).status_code == 404 for j in job_ids)
     assert not any(d.exists() for d in dirs)
     assert not rc.exists(f"h3b:batch:{batch['id']}", f"h3b:batch:{batch['id']}:items")
 
@@ -148,7 +148,7 @@ def test_twenty_item_batch_runs_to_its_archive_and_webhook(stack, rc, receiver):
     etas_while_measured = []
     deadline = time.monotonic() + 60 * ITEMS
     while True:
-        batch = requests.get(f"{stack.base}/batches/{batch_id}", headers=auth(), timeout=10).json()
+        batch = requests.get(f"{stack.base}/batches/{batch_id}", headers=auth(), timeout=60).json()
         assert 0.0 <= batch["progress"] <= 1.0
         assert sum(v for k, v in batch["counts"].items() if k != "total") == batch["counts"]["total"] == ITEMS
         active = batch["counts"]["queued"] + batch["counts"]["in_progress"]
@@ -180,7 +180,7 @@ def test_twenty_item_batch_runs_to_its_archive_and_webhook(stack, rc, receiver):
         assert names[1:] == expected
         for name, line in zip(expected, results):
             mp4 = zf.read(name)
-            job_mp4 = requests.get(f"{stack.base}{line['content_url']}", headers=auth(), timeout=10).content
+            job_mp4 = requests.get(f"{stack.base}{line['content_url']}", headers=auth(), timeout=60).content
             assert mp4 == job_mp4
             with av.open(io.BytesIO(mp4)) as container:
                 frames = sum(1 for _ in container.decode(video=0))
@@ -229,17 +229,17 @@ def test_single_job_is_not_starved_by_a_queued_batch_and_cancel_stops_the_rest(s
     assert rc.zcard("h3b:queue") + rc.zcard("h3b:running") <= 1  # at most one item released per worker
     deadline = time.monotonic() + 120
     while requests.get(f"{stack.base}/batches/{batch_id}", headers=auth(),
-                       timeout=10).json()["counts"]["in_progress"] == 0:
+                       timeout=60).json()["counts"]["in_progress"] == 0:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     single = requests.post(f"{stack.base}/jobs", json={"prompt": "an interactive job", **SMALL}, headers=auth(),
-                           timeout=10).json()
+                           timeout=60).json()
     single = wait_job(stack.base, single["id"], timeout_s=300)
     assert single["status"] == "completed"
     cancelled = requests.post(f"{stack.base}/batches/{batch_id}/cancel", headers=auth(), timeout=30)
     assert cancelled.status_code == 200 and cancelled.json()["object"] == "batch"
 
-    items = [requests.get(f"{stack.base}/jobs/{x['job_id']}", headers=auth(), timeout=10).json()
+    items = [requests.get(f"{stack.base}/jobs/{x['job_id']}", headers=auth(), timeout=60).json()
              for x in _results(stack.base, batch_id)]
     submitted, started = single["created_at"], single["started_at"]
     running_at_submit = [j for j in items if j["started_at"] and j["started_at"] <= submitted
@@ -255,7 +255,7 @@ def test_single_job_is_not_starved_by_a_queued_batch_and_cancel_stops_the_rest(s
     done = wait_batch(stack.base, batch_id, auth(), timeout_s=300)
     assert done["status"] == "cancelled" and done["counts"]["cancelled"] >= 25
     assert done["counts"]["queued"] == done["counts"]["in_progress"] == 0
-    again = requests.post(f"{stack.base}/batches/{batch_id}/cancel", headers=auth(), timeout=10)
+    again = requests.post(f"{stack.base}/batches/{batch_id}/cancel", headers=auth(), timeout=60)
     assert again.status_code == 409 and again.json()["error"]["code"] == "batch_already_finished"
     assert not rc.exists(f"h3b:batch:{batch_id}:pending") and rc.zscore("h3b:batches:open", batch_id) is None
     # the archive of a cancelled batch holds what did complete
@@ -265,7 +265,7 @@ def test_single_job_is_not_starved_by_a_queued_batch_and_cancel_stops_the_rest(s
 
 
 def test_openapi_lists_the_batch_routes(stack):
-    doc = requests.get(f"{stack.base}/openapi.json", timeout=10).json()
+    doc = requests.get(f"{stack.base}/openapi.json", timeout=60).json()
     for path, methods in {"/batches": {"post", "get"}, "/batches/{batch_id}": {"get", "delete"},
                           "/batches/{batch_id}/cancel": {"post"}, "/batches/{batch_id}/results": {"get"},
                           "/batches/{batch_id}/archive": {"get"}}.items():

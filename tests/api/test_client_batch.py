@@ -44,14 +44,14 @@ def four_items(path):
 
 
 def batch_ids(base: str, key: str = KEY_A) -> list[str]:
-    reply = requests.get(f"{base}/batches?limit=100", headers=auth(key), timeout=10)
+    reply = requests.get(f"{base}/batches?limit=100", headers=auth(key), timeout=60)
     assert reply.status_code == 200, reply.text
     body = reply.json()
     return [b["id"] for b in body.get("data", body.get("batches", []))]
 
 
 def job_count(base: str, key: str) -> int:
-    reply = requests.get(f"{base}/jobs?limit=100", headers=auth(key), timeout=10)
+    reply = requests.get(f"{base}/jobs?limit=100", headers=auth(key), timeout=60)
     assert reply.status_code == 200, reply.text
     return len(reply.json()["data"])
 
@@ -87,7 +87,7 @@ def test_batch_interrupted_resumed_completed_and_rerun(stack, tmp_path):
             time.sleep(0.05)
         batch_id = state_of(out)["batch_id"]
         while True:  # mid-run: an item rendering or rendered, not all of them
-            batch = requests.get(f"{stack.base}/batches/{batch_id}", headers=auth(), timeout=10).json()
+            batch = requests.get(f"{stack.base}/batches/{batch_id}", headers=auth(), timeout=60).json()
             if batch["counts"]["in_progress"] + batch["counts"]["completed"] >= 1:
                 break
             assert time.monotonic() < deadline, batch

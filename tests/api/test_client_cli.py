@@ -36,7 +36,7 @@ def test_submit_without_wait_prints_the_id(stack):
     done = run_cli("a gong", "--api", stack.base, "--api-key", KEY_A)
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip()
-    assert requests.get(f"{stack.base}/jobs/{job_id}", headers=auth(), timeout=5).status_code == 200
+    assert requests.get(f"{stack.base}/jobs/{job_id}", headers=auth(), timeout=60).status_code == 200
 
 
 def test_bad_input_and_unreachable_api_exit_2_with_one_line(compat_api):
@@ -56,7 +56,7 @@ def test_bad_input_and_unreachable_api_exit_2_with_one_line(compat_api):
 
 def test_cancelled_job_exits_1(stack):
     """When the job ends cancelled (here: cancelled through the API mid-render) the CLI exits 1 saying so."""
-    before = {j["id"] for j in requests.get(f"{stack.base}/jobs?limit=100", headers=auth(), timeout=5).json()["data"]}
+    before = {j["id"] for j in requests.get(f"{stack.base}/jobs?limit=100", headers=auth(), timeout=60).json()["data"]}
     proc = subprocess.Popen(CLI + ["a long drone", "--wait", "--api", stack.base, "--api-key", KEY_A,
                                    "--no-progress"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -66,10 +66,10 @@ def test_cancelled_job_exits_1(stack):
         while job_id is None:
             assert time.monotonic() < deadline, "the CLI never created its job"
             fresh = [j["id"] for j in requests.get(f"{stack.base}/jobs?limit=100", headers=auth(),
-                                                   timeout=5).json()["data"] if j["id"] not in before]
+                                                   timeout=60).json()["data"] if j["id"] not in before]
             job_id = fresh[0] if fresh else None
             time.sleep(0.05)
-        assert requests.post(f"{stack.base}/jobs/{job_id}/cancel", headers=auth(), timeout=5).status_code == 202
+        assert requests.post(f"{stack.base}/jobs/{job_id}/cancel", headers=auth(), timeout=60).status_code == 202
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

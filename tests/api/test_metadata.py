@@ -16,7 +16,7 @@ from tests.api.conftest import auth, wait_job
 def test_record_and_mp4_carry_provenance(stack, tmp_path):
     """A completed job shows metadata (params, seed, release, contract hash, commits, gpu, versions); the MP4 too."""
     reply = requests.post(f"{stack.base}/jobs", json={"prompt": "a kettle whistling", "seed": 4242},
-                          headers=auth(), timeout=10)
+                          headers=auth(), timeout=60)
     assert reply.status_code == 202, reply.text
     job = wait_job(stack.base, reply.json()["id"])
     assert job["status"] == "completed", job

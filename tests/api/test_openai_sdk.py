@@ -106,11 +106,11 @@ def test_json_create_cancel_maps_to_failed(stack):
     """A hand-written JSON create works; a cancelled job reads as OpenAI `failed` with error.code `cancelled`."""
     base = stack.base
     reply = requests.post(f"{base}/v1/videos", json={"prompt": "waves", "seconds": 4, "size": "256x128",
-                                                      "seed": "5"}, headers=auth(), timeout=10)
+                                                      "seed": "5"}, headers=auth(), timeout=60)
     assert reply.status_code == 202, reply.text
     video = reply.json()
     assert video["status"] in ("queued", "in_progress") and reply.headers["openai-poll-after-ms"] == "1000"
-    assert requests.post(f"{base}/jobs/{video['id']}/cancel", headers=auth(), timeout=10).status_code == 202
+    assert requests.post(f"{base}/jobs/{video['id']}/cancel", headers=auth(), timeout=60).status_code == 202
     sdk = client(base)
     done = poll_video(sdk, video["id"], timeout_s=60)
     assert done.status == "failed" and done.error.code == "cancelled"
@@ -138,13 +138,13 @@ def test_list_pages_with_after_cursor(stack):
     try:
         first = sdk.videos.list(limit=2, order="asc")
         raw = requests.get(f"{stack.base}/v1/videos", params={"limit": 2, "order": "asc"}, headers=auth(),
-                           timeout=10).json()
+                           timeout=60).json()
         assert raw["object"] == "list" and raw["has_more"] is True and raw["last_id"] == raw["data"][-1]["id"]
         ascending = [v.id for v in first]  # SDK follows `after` to the end
         assert ascending.index(made[0]) < ascending.index(made[1]) < ascending.index(made[2])
         descending = [v.id for v in sdk.videos.list(limit=2, order="desc")]
         assert descending == list(reversed(ascending))
-        bad = requests.get(f"{stack.base}/v1/videos", params={"after": "job_nope"}, headers=auth(), timeout=10)
+        bad = requests.get(f"{stack.base}/v1/videos", params={"after": "job_nope"}, headers=auth(), timeout=60)
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_cursor"
     finally:
         for video_id in made:

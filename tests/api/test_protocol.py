@@ -13,7 +13,7 @@ from tests.api.conftest import auth, wait_job
 def rendered(compat_api, compat_worker):
     """One completed job; (content URL, the MP4's bytes, its ETag)."""
     job = requests.post(f"{compat_api.base}/jobs", json={"prompt": "a bell rings", "width": 256, "height": 128},
-                        headers=auth(), timeout=10).json()
+                        headers=auth(), timeout=60).json()
     assert wait_job(compat_api.base, job["id"])["status"] == "completed"
     url = f"{compat_api.base}/jobs/{job['id']}/content"
     whole = requests.get(url, headers=auth(), timeout=30)

@@ -26,7 +26,7 @@ def test_webhook_signed_retried_after_500_then_delivered(stack, receiver):
     and the job's delivery log records 500 then 200."""
     receiver.statuses = [500]
     reply = requests.post(f"{stack.base}/jobs", json={"prompt": "a bell", "webhook_url": receiver.url + "/hook?x=1"},
-                          headers=auth(), timeout=10)
+                          headers=auth(), timeout=60)
     assert reply.status_code == 202, reply.text
     job_id = reply.json()["id"]
     wait_job(stack.base, job_id)
@@ -42,7 +42,7 @@ def test_webhook_signed_retried_after_500_then_delivered(stack, receiver):
 
     deadline = time.monotonic() + 10
     while True:
-        log = requests.get(f"{stack.base}/jobs/{job_id}", headers=auth(), timeout=5).json()["webhook_deliveries"]
+        log = requests.get(f"{stack.base}/jobs/{job_id}", headers=auth(), timeout=60).json()["webhook_deliveries"]
         if log and len(log) == 2:
             break
         assert time.monotonic() < deadline, log
@@ -56,7 +56,7 @@ def test_webhook_signed_retried_after_500_then_delivered(stack, receiver):
 def test_tampered_body_fails_verification(stack, receiver):
     """The signature covers the body: a changed byte no longer verifies (so receivers can trust it)."""
     reply = requests.post(f"{stack.base}/v1/videos", json={"prompt": "rain", "size": "256x128",
-                                                           "webhook_url": receiver.url}, headers=auth(), timeout=10)
+                                                           "webhook_url": receiver.url}, headers=auth(), timeout=60)
     assert reply.status_code == 202, reply.text
     call = receiver.wait_calls(1, timeout_s=60)[0]
     body = verify(call)
@@ -75,7 +75,7 @@ def test_submit_refuses_unsafe_webhook_urls(compat_api, url):
     """Link-local, metadata, private, unspecified, credentialed and non-http(s) targets → 422 on both create routes."""
     for path, body in (("/jobs", {"prompt": "x", "webhook_url": url}),
                        ("/v1/videos", {"prompt": "x", "size": "256x128", "webhook_url": url})):
-        reply = requests.post(compat_api.base + path, json=body, headers=auth(), timeout=10)
+        reply = requests.post(compat_api.base + path, json=body, headers=auth(), timeout=60)
         assert reply.status_code == 422, (path, reply.text)
         assert reply.json()["error"]["code"] == "invalid_webhook_url"
 
@@ -98,7 +98,7 @@ def test_submit_refuses_ipv4_embedded_in_6to4_teredo_nat64(compat_api, rc, url):
     before = rc.zcard("h3b:jobs")
     for path, body in (("/jobs", {"prompt": "x", "webhook_url": url}),
                        ("/v1/videos", {"prompt": "x", "size": "256x128", "webhook_url": url})):
-        reply = requests.post(compat_api.base + path, json=body, headers=auth(), timeout=10)
+        reply = requests.post(compat_api.base + path, json=body, headers=auth(), timeout=60)
         assert reply.status_code == 422, (path, reply.text)
         error = reply.json()["error"]
         assert error["code"] == "invalid_webhook_url" and "embedding non-public" in error["message"], error

@@ -111,7 +111,7 @@ def test_installed_api_serves_the_web_page(installed, tmp_path, redis_url):
         assert page.status_code == 200 and "<html" in page.text.lower()
         script = re.search(r'src="([^"]*app\.js[^"]*)"', page.text)
         assert script, "the page links no app.js"
-        static = requests.get(base + script.group(1), timeout=5)
+        static = requests.get(base + script.group(1), timeout=60)
         assert static.status_code == 200 and len(static.content) > 100
     finally:
         proc.terminate()

@@ -201,7 +201,7 @@ def wait_consuming(r: redis.Redis, worker: WorkerProcess, timeout_s: float = 300
 
 def post_job(base: str, headers: dict[str, str] | None = None, **body) -> dict:
     payload = {"prompt": "a kettle whistles in a rainy kitchen", **SMALL, **body}
-    reply = requests.post(f"{base}/jobs", json=payload, headers=headers or {}, timeout=10)
+    reply = requests.post(f"{base}/jobs", json=payload, headers=headers or {}, timeout=60)
     assert reply.status_code == 202, reply.text
     return reply.json()
 

@@ -67,7 +67,7 @@ def test_heartbeat_advertises_the_max_rows_setting(stack):
     assert beat(stack)["max_rows"] == MAX_ROWS
     entry = json.loads(stack.redis.client().hget(keys.CAPACITY, "cap-worker"))
     assert entry["max_rows"] == MAX_ROWS
-    ready = requests.get(f"{stack.api.base}/readyz", timeout=10).json()
+    ready = requests.get(f"{stack.api.base}/readyz", timeout=60).json()
     assert ready["checks"]["workers"]["max_rows"] == MAX_ROWS
 
 
@@ -109,7 +109,7 @@ def test_a_batch_line_over_capacity_is_refused_by_line_and_skip_leaves_it_out(st
     r = stack.redis.client()
     before = (r.zcard(keys.JOBS_INDEX), r.zcard(keys.QUEUE), r.llen(defaults.RENDER_QUEUE))
     jsonl = "\n".join([_line(SMALL, "small-1"), _line(LARGE, "large"), _line(SMALL, "small-2")]).encode()
-    refused = requests.post(f"{stack.api.base}/batches", files={"file": ("clips.jsonl", jsonl)}, timeout=10)
+    refused = requests.post(f"{stack.api.base}/batches", files={"file": ("clips.jsonl", jsonl)}, timeout=60)
     assert refused.status_code == 422, refused.text
     error = refused.json()["error"]
     assert error["code"] == "invalid_batch" and error["retryable"] is False
@@ -119,13 +119,13 @@ def test_a_batch_line_over_capacity_is_refused_by_line_and_skip_leaves_it_out(st
     assert (r.zcard(keys.JOBS_INDEX), r.zcard(keys.QUEUE), r.llen(defaults.RENDER_QUEUE)) == before
 
     skipped = requests.post(f"{stack.api.base}/batches", files={"file": ("clips.jsonl", jsonl)},
-                            data={"on_invalid": "skip"}, timeout=10)
+                            data={"on_invalid": "skip"}, timeout=60)
     assert skipped.status_code == 202, skipped.text
     batch = skipped.json()
     assert [entry["line"] for entry in batch["skipped"]] == [2], batch
     assert batch["counts"]["total"] == 2, batch
     done = wait_batch(stack.api.base, batch["id"], timeout_s=180)  # the worker is idle again for the tests below
-    results = requests.get(f"{stack.api.base}/batches/{batch['id']}/results", timeout=10).text.splitlines()
+    results = requests.get(f"{stack.api.base}/batches/{batch['id']}/results", timeout=60).text.splitlines()
     assert [json.loads(line)["custom_id"] for line in results] == ["small-1", "small-2"], results
     assert all(json.loads(line)["status"] == "completed" for line in results), (done, results)
 

@@ -42,14 +42,14 @@ class FlowerProcess:
         wait_http(self.base + "/healthcheck", proc=self.proc)
 
     def get(self, path: str) -> requests.Response:
-        return requests.get(self.base + path, auth=self.auth, timeout=10)
+        return requests.get(self.base + path, auth=self.auth, timeout=60)
 
     def wait_worker_online(self, hostname: str, timeout_s: float = 60.0) -> None:
         """Until Flower's own metrics say it heard `hostname`'s worker events (so the event path is live)."""
         line = re.compile(r'^flower_worker_online\{worker="' + re.escape(hostname) + r'"\} 1\.0$', re.MULTILINE)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if line.search(requests.get(self.base + "/metrics", timeout=10).text):
+            if line.search(requests.get(self.base + "/metrics", timeout=60).text):
                 return
             time.sleep(0.2)
         pytest.fail(f"Flower never saw worker {hostname} online: {self.log_path.read_text()[-2000:]}")
@@ -110,7 +110,7 @@ def test_flower_lists_a_finished_render_task(redis_url, api, worker, artifacts_d
         assert task["received"] <= task["started"] <= task["succeeded"]  # (sent is stamped after the publish)
         assert flower.worker_queues(hostname) == [defaults.RENDER_QUEUE]
         assert defaults.RENDER_QUEUE in flower.queue_lengths()
-        assert requests.get(flower.base + "/api/tasks", timeout=10).status_code == 401
+        assert requests.get(flower.base + "/api/tasks", timeout=60).status_code == 401
         assert requests.post(f"{flower.base}/api/worker/shutdown/{hostname}", auth=flower.auth,
                              timeout=10).status_code == 403  # read-only: no control from the UI
     finally:

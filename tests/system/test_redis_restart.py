@@ -93,9 +93,9 @@ def test_api_answers_503_while_redis_is_down(stack_factory):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            if requests.get(f"{api.base}/jobs/{job['id']}", timeout=10).status_code == 200:
+            if requests.get(f"{api.base}/jobs/{job['id']}", timeout=60).status_code == 200:
                 break
         except requests.RequestException:
             pass
         time.sleep(0.2)
-    assert requests.get(f"{api.base}/jobs/{job['id']}", timeout=10).json()["status"] == "queued"
+    assert requests.get(f"{api.base}/jobs/{job['id']}", timeout=60).json()["status"] == "queued"

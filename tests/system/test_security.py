@@ -80,15 +80,15 @@ def test_every_route_needs_a_key_and_jobs_are_private(served):
     wrong = "wrong-key-" + KEY_A[::-1]
     for method, path in routes:
         for headers in ({}, bearer(wrong), {"Authorization": KEY_A}, {"Authorization": "Basic " + KEY_A}):
-            reply = requests.request(method, base + path, headers=headers, json={"prompt": "x"}, timeout=10)
+            reply = requests.request(method, base + path, headers=headers, json={"prompt": "x"}, timeout=60)
             assert reply.status_code == 401 and reply.headers["WWW-Authenticate"].startswith("Bearer"), (path, reply)
             assert reply.json()["error"]["code"] == "unauthorized"
             assert wrong not in reply.text and KEY_A not in reply.text
     for path in ("/healthz", "/openapi.json"):
-        assert requests.get(base + path, timeout=10).status_code == 200
+        assert requests.get(base + path, timeout=60).status_code == 200
     for method, path in routes[2:]:
-        assert requests.request(method, base + path, headers=bearer(KEY_B), timeout=10).status_code == 404
-    assert requests.get(f"{base}/jobs/{job_id}", headers=bearer(KEY_A), timeout=10).status_code == 200
+        assert requests.request(method, base + path, headers=bearer(KEY_B), timeout=60).status_code == 404
+    assert requests.get(f"{base}/jobs/{job_id}", headers=bearer(KEY_A), timeout=60).status_code == 200
 
 
 def test_rate_limit_answers_429_with_retry_after_then_recovers(served, tmp_path):
@@ -102,7 +102,7 @@ def test_rate_limit_answers_429_with_retry_after_then_recovers(served, tmp_path)
     try:
         stack.redis.client().delete(*stack.redis.client().keys("h3b:rate:*") or ["-"])
         body = {"prompt": "rain", "seconds": 4, **SMALL}
-        replies = [requests.post(f"{api.base}/jobs", json=body, headers=bearer(KEY_A), timeout=10) for _ in range(31)]
+        replies = [requests.post(f"{api.base}/jobs", json=body, headers=bearer(KEY_A), timeout=60) for _ in range(31)]
         assert [r.status_code for r in replies[:30]] == [202] * 30
         limited = replies[30]
         assert limited.status_code == 429 and limited.json()["error"]["code"] == "rate_limited"
@@ -111,15 +111,15 @@ def test_rate_limit_answers_429_with_retry_after_then_recovers(served, tmp_path)
         assert 1 <= retry_after <= 2  # 30/min refills one token every 2 s
         assert limited.headers["RateLimit-Policy"] == '"creates";q=30;w=60'
         assert re.fullmatch(r'"creates";r=0;t=\d+', limited.headers["RateLimit"])
-        assert requests.get(f"{api.base}/jobs", headers=bearer(KEY_A), timeout=10).status_code == 200
-        assert requests.post(f"{api.base}/jobs", json=body, headers=bearer(KEY_B), timeout=10).status_code == 202
+        assert requests.get(f"{api.base}/jobs", headers=bearer(KEY_A), timeout=60).status_code == 200
+        assert requests.post(f"{api.base}/jobs", json=body, headers=bearer(KEY_B), timeout=60).status_code == 202
         time.sleep(retry_after)
-        assert requests.post(f"{api.base}/jobs", json=body, headers=bearer(KEY_A), timeout=10).status_code == 202
+        assert requests.post(f"{api.base}/jobs", json=body, headers=bearer(KEY_A), timeout=60).status_code == 202
     finally:
         api.stop()
         for job_id in stack.redis.client().zrange("h3b:queue", 0, -1):  # leave the shared worker nothing to do
-            requests.post(f"{stack.api.base}/jobs/{job_id}/cancel", headers=bearer(KEY_A), timeout=10)
-            requests.post(f"{stack.api.base}/jobs/{job_id}/cancel", headers=bearer(KEY_B), timeout=10)
+            requests.post(f"{stack.api.base}/jobs/{job_id}/cancel", headers=bearer(KEY_A), timeout=60)
+            requests.post(f"{stack.api.base}/jobs/{job_id}/cancel", headers=bearer(KEY_B), timeout=60)
 
 
 def test_queue_cap_answers_503_with_retry_after(keyed_stack, tmp_path):
@@ -139,7 +139,7 @@ def test_queue_cap_answers_503_with_retry_after(keyed_stack, tmp_path):
         assert full.status_code == 503 and full.json()["error"]["code"] == "queue_full"
         assert full.json()["error"]["retryable"] is True and 1 <= int(full.headers["Retry-After"]) <= 120
         assert r.zcard("h3b:queue") == queued + 2
-        positions = [requests.get(f"{api.base}/jobs/{m.json()['id']}", headers=bearer(KEY_A), timeout=10)
+        positions = [requests.get(f"{api.base}/jobs/{m.json()['id']}", headers=bearer(KEY_A), timeout=60)
                      .json()["queue_position"] for m in made]
         assert positions == [queued + 1, queued + 2]
     finally:
@@ -196,7 +196,7 @@ def test_traversal_ids_never_reach_a_file(served, path):
     """Ids made of `..`, encoded slashes or absolute paths answer 404 (or 405) with the error envelope, never a file."""
     stack, _ = served
     for method in ("GET", "DELETE"):
-        reply = requests.request(method, stack.api.base + path, headers=bearer(KEY_A), timeout=10)
+        reply = requests.request(method, stack.api.base + path, headers=bearer(KEY_A), timeout=60)
         assert reply.status_code in (400, 404, 405), (method, path, reply.status_code)  # 405: DELETE on /content
         assert reply.headers["Content-Type"].startswith("application/json") and "root:" not in reply.text
     assert stack.artifacts.is_dir()
@@ -213,7 +213,7 @@ def test_a_tampered_artifact_path_is_not_served(served):
     try:
         for forged in ("../secret.txt", str(outside), f"{job['id']}/../../secret.txt"):
             r.hset(f"h3b:job:{job['id']}", "artifact", forged)
-            reply = requests.get(f"{stack.api.base}/jobs/{job['id']}/content", headers=bearer(KEY_A), timeout=10)
+            reply = requests.get(f"{stack.api.base}/jobs/{job['id']}/content", headers=bearer(KEY_A), timeout=60)
             assert reply.status_code == 410 and b"outside" not in reply.content, forged
     finally:
         r.hset(f"h3b:job:{job['id']}", "artifact", original)
@@ -227,10 +227,10 @@ def test_no_key_or_key_digest_in_logs_bodies_or_redis(served):
     stack, job = served
     base = stack.api.base
     for bad in ({"prompt": ""}, {"prompt": "x", "width": 7}, {"nope": 1}):
-        requests.post(f"{base}/jobs", json=bad, headers=bearer(KEY_A), timeout=10)
-    requests.get(f"{base}/jobs/{job['id']}", headers=bearer(KEY_A[:-1]), timeout=10)
-    requests.get(f"{base}/jobs/job_missing", headers=bearer(KEY_B), timeout=10)
-    openapi = requests.get(f"{base}/openapi.json", timeout=10).text
+        requests.post(f"{base}/jobs", json=bad, headers=bearer(KEY_A), timeout=60)
+    requests.get(f"{base}/jobs/{job['id']}", headers=bearer(KEY_A[:-1]), timeout=60)
+    requests.get(f"{base}/jobs/job_missing", headers=bearer(KEY_B), timeout=60)
+    openapi = requests.get(f"{base}/openapi.json", timeout=60).text
     canaries = [KEY_A, KEY_B, KEY_A[:-1]] + [hashlib.sha256(k.encode()).hexdigest() for k in (KEY_A, KEY_B)]
     r = stack.redis.client()
     dump = []

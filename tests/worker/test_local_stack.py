@@ -104,7 +104,7 @@ def test_serve_runs_its_own_persistent_redis_and_restarts_a_killed_worker_and_ap
 
     def all_completed() -> dict | None:
         try:
-            seen = {i: requests.get(f"{base}/jobs/{i}", timeout=5).json()["status"] for i in ids}
+            seen = {i: requests.get(f"{base}/jobs/{i}", timeout=60).json()["status"] for i in ids}
         except requests.RequestException:  # the restarted API is still binding its port
             return None
         return seen if set(seen.values()) == {"completed"} else None
@@ -117,7 +117,7 @@ def test_serve_runs_its_own_persistent_redis_and_restarts_a_killed_worker_and_ap
         assert r.config_get("appendonly")["appendonly"] == "yes"
         assert r.config_get("dir")["dir"] == str((tmp_path / "var" / "redis").resolve())
         ids = [requests.post(f"{base}/jobs", json={"prompt": f"rain {i}", "width": 128, "height": 32},
-                             timeout=10).json()["id"] for i in range(3)]
+                             timeout=60).json()["id"] for i in range(3)]
         _wait(lambda: r.hget(f"h3b:job:{ids[0]}", "stage") == "denoise", 60, "the first job to be rendering")
         worker_pid = int(re.findall(r"worker started pid=(\d+)", output())[-1])
         os.killpg(worker_pid, signal.SIGKILL)

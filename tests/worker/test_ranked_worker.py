@@ -20,7 +20,7 @@ def test_two_rank_worker_renders_a_job_end_to_end(redis_url, tiny_release, tmp_p
     r = redis.Redis.from_url(url, decode_responses=True)
     try:
         assert json.loads(r.get("h3b:worker:ranked-worker"))["ranks"] == 2
-        reply = requests.post(f"{api.base}/jobs", json={"prompt": "two ranks, one clip", "seed": 5}, timeout=10)
+        reply = requests.post(f"{api.base}/jobs", json={"prompt": "two ranks, one clip", "seed": 5}, timeout=60)
         assert reply.status_code == 202, reply.text
         job = poll_until(api.base, reply.json()["id"], lambda j: j["status"] in ("completed", "failed"),
                          timeout_s=300)

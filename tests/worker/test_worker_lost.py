@@ -22,7 +22,7 @@ def test_killed_worker_job_completes_once_on_another_worker(redis_url, tiny_rele
     first = start_worker(url, artifacts, tiny_release, "doomed", tmp_path / "doomed.log", **FAST_RECOVERY)
     second = None
     try:
-        job = requests.post(f"{api.base}/jobs", json={"prompt": "a bell rings twice", "width": 128, "height": 32}, timeout=10).json()
+        job = requests.post(f"{api.base}/jobs", json={"prompt": "a bell rings twice", "width": 128, "height": 32}, timeout=60).json()
         poll_until(api.base, job["id"], lambda j: j["stage"] == "denoise" and j["step"] >= 2, interval_s=0.02)
         first.kill()
         second = start_worker(url, artifacts, tiny_release, "rescuer", tmp_path / "rescuer.log", **FAST_RECOVERY)
