@@ -80,8 +80,10 @@ clean:
 test-chaos: setup
 	H3BATCH_CHAOS=1 $(RUN) -m pytest -q -s -m chaos tests/system
 
-# Soak (docs/reliability.md "Round two"): SOAK_JOBS (default 300) jobs through `h3batch serve` with random worker
-# kill -9, API kill -9 and Redis restarts; prints one JSON line of lost/duplicated/stuck/5xx/RSS/disk figures.
+# Soak (docs/reliability.md "Round two", "Round three"): SOAK_JOBS (default 300) jobs and SOAK_BATCHES batches (default
+# SOAK_JOBS/25, of SOAK_BATCH_ITEMS=5; kept, cancelled, deleted, cancel racing delete) through `h3batch serve` with
+# random worker kill -9, API kill -9 and Redis restarts; prints one JSON line of lost/duplicated/stuck/5xx/archive
+# member/RSS/disk figures.
 .PHONY: test-soak
 test-soak: setup
 	H3BATCH_SOAK=1 $(RUN) -m pytest -q -s -p no:cacheprovider tests/system/test_soak.py

@@ -20,7 +20,7 @@ from h3batch.api.errors import ApiError
 from h3batch.api.job_service import Caller, FieldError
 from h3batch.api.jobs import JOBS
 from h3batch.api.zipstream import Member, ZipLayout, file_crc32
-from h3batch.core import batches, capacity, defaults
+from h3batch.core import batches, capacity, defaults, jsonl
 from h3batch.core import jobs as store
 from h3batch.core.jobs import JobSpec, JobStatus
 
@@ -98,9 +98,7 @@ def from_jsonl(data: bytes, metadata: str | None, on_invalid: str | None, webhoo
         raise ApiError(400, "invalid_request", "metadata: expected a JSON object") from None
     meta, on_invalid, webhook_url = _options(meta, on_invalid or None, webhook_url or None)
     lines: list[tuple[int, Any]] = []
-    for n, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
+    for n, raw in jsonl.numbered_lines(text):  # the one line rule the CLI reads by too (core/jsonl.py)
         try:
             lines.append((n, json.loads(raw)))
         except (ValueError, RecursionError) as exc:

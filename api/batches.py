@@ -9,7 +9,7 @@ import json
 from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from werkzeug.http import parse_range_header
 
-from h3batch.api import batch_service, idempotency, job_http, job_service
+from h3batch.api import batch_service, conditional, idempotency, job_http, job_service
 from h3batch.api.errors import ApiError
 from h3batch.api.request_guard import form_parts
 from h3batch.core import defaults
@@ -102,16 +102,19 @@ def results(batch_id: str):
 
 @bp.route("/batches/<batch_id>/archive", methods=["GET", "HEAD"])
 def archive(batch_id: str):
-    """The zip of the finished MP4s plus manifest.jsonl, streamed; one byte range (206) on request, If-Range and
-    If-None-Match honoured. 404; 409 batch_not_finished; 416 range not satisfiable."""
+    """The zip of the finished MP4s plus manifest.jsonl, streamed; one byte range (206) on request; conditional
+    requests as on job content (api/conditional.py: If-Match, If-None-Match, If-Range). 404; 409
+    batch_not_finished; 412 precondition_failed; 416 range not satisfiable."""
     caller = job_http.caller(batch_id)
     layout, etag = batch_service.archive(caller, batch_service.owned(caller, batch_id))
-    headers = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": "private, max-age=3600",
+    headers = {"ETag": etag, "Accept-Ranges": "bytes", "Cache-Control": job_http.CONTENT_CACHE,
                "Content-Disposition": f'attachment; filename="{batch_id}.zip"'}
-    if etag in [tag.strip() for tag in request.headers.get("If-None-Match", "").split(",")]:
-        return Response(status=304, headers=headers)
+    validators = conditional.Validators(etag)
+    not_modified = conditional.precondition(validators, headers)
+    if not_modified is not None:
+        return not_modified
     start, stop, status = 0, layout.length, 200
-    wanted = _single_range(layout.length, etag)
+    wanted = _single_range(layout.length) if conditional.range_applies(request.headers, validators) else None
     if wanted is not None:
         start, stop = wanted
         if start >= layout.length:
@@ -124,12 +127,9 @@ def archive(batch_id: str):
     return Response(body, status=status, mimetype="application/zip", headers=headers, direct_passthrough=True)
 
 
-def _single_range(length: int, etag: str) -> tuple[int, int] | None:
-    """(start, stop) of the one byte range asked for, or None for the whole archive: no Range, an unparseable or
-    multi-range header, or an If-Range that no longer matches (RFC 9110 §13.1.5)."""
-    if_range = request.headers.get("If-Range")
-    if if_range is not None and if_range.strip() != etag:
-        return None
+def _single_range(length: int) -> tuple[int, int] | None:
+    """(start, stop) of the one byte range asked for, or None for the whole archive: no Range, or an unparseable or
+    multi-range header."""
     parsed = parse_range_header(request.headers.get("Range"))
     if parsed is None or parsed.units != "bytes" or len(parsed.ranges) != 1:
         return None
@@ -137,4 +137,3 @@ def _single_range(length: int, etag: str) -> tuple[int, int] | None:
     if start < 0:  # suffix: the last -start bytes
         return max(0, length + start), length
     return start, length if end is None else min(end, length)
-

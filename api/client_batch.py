@@ -39,7 +39,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from h3batch.api.client_http import BatchRefused, Client, CliError, NotFound, detail_text, partial_path
+from h3batch.api.client_http import (BatchRefused, Client, CliError, NotFound, detail_text, partial_path,
+                                     writable_dir)
+from h3batch.core import jsonl
 
 PROG = "h3batch submit"
 STATE_NAME = ".h3batch-batch.json"
@@ -66,9 +68,7 @@ def read_requests(path: Path, defaults: dict[str, Any] | None = None) -> tuple[l
     requests_: list[dict] = []
     line_numbers: list[int] = []
     seen_ids: dict[str, int] = {}
-    for number, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue
+    for number, line in jsonl.numbered_lines(raw):  # the one line rule the server reads by too (core/jsonl.py)
         where = f"{path.name} line {number}"
         try:
             item = json.loads(line.decode("utf-8"))
@@ -410,8 +410,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             metadata = None
         if not isinstance(metadata, dict):
             parser.error("--metadata: expected a JSON object")
-    if args.poll <= 0:
-        parser.error("--poll: expected a positive number of seconds")
     defaults = {name: getattr(args, name) for name in REQUEST_DEFAULTS if getattr(args, name) is not None}
     out_dir: Path = args.out_dir
     bar = None
@@ -421,7 +419,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         requests_, line_numbers = read_requests(args.file, defaults)
         if out_dir.exists() and not out_dir.is_dir():
             raise CliError(f"--out-dir: {out_dir} is not a folder")
-        out_dir.mkdir(parents=True, exist_ok=True)
+        writable_dir(out_dir, "--out-dir")  # refused here, before a batch is made for nothing
         body = request_body(requests_, metadata, args.on_invalid, args.webhook_url)
         sha = body_sha256(body)
         client = Client(args.api, args.api_key)

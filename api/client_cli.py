@@ -13,13 +13,15 @@ The batch mode's exit codes are listed in api/client_batch.py.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests
 
-from h3batch.api.client_http import Client, CliError
+from h3batch.api.client_http import Client, CliError, writable_file
 from h3batch.cli_args import OneLineArgumentParser
 from h3batch.settings import raw_value
 
@@ -27,11 +29,42 @@ TERMINAL = ("completed", "failed", "cancelled", "expired")
 DEFAULT_API = "http://127.0.0.1:8000"
 
 
+def api_url(text: str) -> str:
+    """--api: an http(s) URL with a host (argparse turns the ValueError into one line and exit 2)."""
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018  (raises ValueError for a port that is no number or out of range)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected an http(s) URL such as {DEFAULT_API}, found {text!r} ({exc})")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"expected an http(s) URL such as {DEFAULT_API}, found {text!r}")
+    return text
+
+
+def finite_number(text: str) -> float:
+    """--seconds: a finite number (nan and inf cannot be sent as JSON)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a number, found {text!r}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """--timeout, --poll: a finite number of seconds above 0."""
+    value = finite_number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, found {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = OneLineArgumentParser(prog="h3batch submit", description="Submit a prompt (or a JSONL file of job "
                                    "requests, as one batch) to an h3batch API.")
     parser.add_argument("prompt", nargs="?", default=None, help="what the clip shows and sounds like")
-    parser.add_argument("--seconds", type=float, default=None,
+    parser.add_argument("--seconds", type=finite_number, default=None,
                         help="clip length, 4-15 s (server default 4; with --file: for lines without one)")
     parser.add_argument("--width", type=int, default=None, help="canvas width, multiple of 32 (server default)")
     parser.add_argument("--height", type=int, default=None, help="canvas height, multiple of 32 (server default)")
@@ -48,14 +81,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="server-side: refuse the whole batch for a bad line (default) or skip the bad lines")
     batch.add_argument("--metadata", default=None, help="JSON object stored on the batch")
     batch.add_argument("--webhook-url", default=None, help="the server POSTs the finished batch here")
-    batch.add_argument("--poll", type=float, default=1.0, help="seconds between batch status polls (default 1)")
+    batch.add_argument("--poll", type=positive_seconds, default=1.0, help="seconds between batch status polls (default 1)")
     parser.add_argument("--wait", action="store_true", help="follow the job until it finishes")
     parser.add_argument("--out", type=Path, default=None, help="save the MP4 here (implies --wait)")
-    parser.add_argument("--api", default=raw_value("H3BATCH_API_URL") or DEFAULT_API,
+    parser.add_argument("--api", type=api_url, default=raw_value("H3BATCH_API_URL") or DEFAULT_API,
                         help=f"API base URL (env H3BATCH_API_URL, default {DEFAULT_API})")
     parser.add_argument("--api-key", default=raw_value("H3BATCH_API_KEY"),
                         help="Bearer key (env H3BATCH_API_KEY)")
-    parser.add_argument("--timeout", type=float, default=None,
+    parser.add_argument("--timeout", type=positive_seconds, default=None,
                         help="give up waiting after this many seconds (one job: default 1800; batch: no limit)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (still prints the outcome)")
     return parser
@@ -136,6 +169,8 @@ def main(argv: list[str]) -> int:
     client = Client(args.api, args.api_key)
     progress = None
     try:
+        if args.out is not None:
+            writable_file(args.out, "--out")  # refused here, before a job is made for nothing
         job = client.create(body)
         if not (args.wait or args.out):
             print(job["id"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
@@ -42,6 +43,25 @@ def detail_text(detail: dict) -> str:
 def partial_path(out: Path) -> Path:
     """Where a download of `out` accumulates until it is complete."""
     return out.with_name(f".{out.name}.partial")
+
+
+def writable_file(out: Path, flag: str) -> None:
+    """CliError naming `flag` unless a file can be written at `out` (its folder made if missing): checked by writing
+    and removing a temporary file beside it, so a read-only mount, a missing permission or a path through a file
+    is found before any work starts."""
+    if out.is_dir():
+        raise CliError(f"{flag}: {out} is a folder; name the file to write")
+    writable_dir(out.parent, flag)
+
+
+def writable_dir(folder: Path, flag: str) -> None:
+    """CliError naming `flag` unless `folder` exists (or can be made) and a file can be written in it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder, prefix=".h3batch-probe-"):
+            pass
+    except OSError as exc:
+        raise CliError(f"{flag}: cannot write in {folder} ({exc.strerror or type(exc).__name__})") from None
 
 
 class Client:
@@ -172,6 +192,15 @@ class Client:
         at (0 for a full download). The file is renamed into place only when its size matches what the server
         announced.
         """
+        try:
+            return self._fetch_file(path, out, on_bytes, trust_partial)
+        except requests.RequestException as exc:  # an OSError too: named before the local-file case below
+            raise CliError(f"the download of {path} broke off ({type(exc).__name__}); re-run to continue") from None
+        except OSError as exc:
+            raise CliError(f"cannot write {out} ({exc.strerror or type(exc).__name__})") from None
+
+    def _fetch_file(self, path: str, out: Path, on_bytes: Callable[[int], None] | None,
+                    trust_partial: bool) -> tuple[int, int]:
         out.parent.mkdir(parents=True, exist_ok=True)
         temp = partial_path(out)
         etag_file = temp.with_name(temp.name + ".etag")
@@ -187,7 +216,7 @@ class Client:
         if response.status_code == 416:  # the partial file is no prefix of this one: start again
             response.close()
             temp.unlink(missing_ok=True)
-            return self.fetch_file(path, out, on_bytes)  # no partial now: one retry at most
+            return self._fetch_file(path, out, on_bytes, False)  # no partial now: one retry at most
         if response.status_code not in (200, 206):
             raise self._refused(response)
         with response:

@@ -15,6 +15,8 @@ bp = Blueprint("health", __name__)
 LIVE_WORKER_STATES = ("READY", "BUSY")
 STALLED_STATE = "STALLED"
 """A worker whose render hit its run deadline and has not stopped yet (worker/deadline.py): not counted, reported."""
+DISK_FULL_STATE = "DISK_FULL"
+"""A worker that takes no jobs for want of disk space (worker/disk.py): not counted, reported with its reason."""
 
 
 @bp.get("/healthz")
@@ -41,25 +43,34 @@ def live_workers(r: redis.Redis, states: tuple[str, ...] = LIVE_WORKER_STATES) -
 @bp.get("/readyz")
 def readyz():
     """200 when Redis answers and >= 1 worker heartbeat is fresh; else 503 with per-check detail. Workers whose
-    render hit its run deadline are listed under `checks.workers.stalled` and not counted; `checks.workers.max_rows`
-    is the largest request a counted worker serves (core/capacity.py)."""
+    render hit its run deadline are listed under `checks.workers.stalled`, workers out of disk space under
+    `checks.workers.not_ready` with their reason; neither is counted. `checks.workers.max_rows` is the largest request
+    a counted worker serves (core/capacity.py)."""
     checks: dict[str, dict] = {}
     try:
         get_redis().ping()
         checks["redis"] = {"ok": True}
-        beats = live_workers(get_redis(), LIVE_WORKER_STATES + (STALLED_STATE,))
-        workers = [w for w in beats if w.get("state") != STALLED_STATE]
+        beats = live_workers(get_redis(), LIVE_WORKER_STATES + (STALLED_STATE, DISK_FULL_STATE))
+        workers = [w for w in beats if w.get("state") in LIVE_WORKER_STATES]
         checks["workers"] = {"ok": bool(workers), "count": len(workers),
                              "releases": sorted({w.get("release_id", "") for w in workers}),
                              "max_rows": max((w["max_rows"] for w in workers if w.get("max_rows")), default=None),
-                             "stalled": sorted(w.get("name", "") for w in beats if w.get("state") == STALLED_STATE)}
+                             "stalled": sorted(w.get("name", "") for w in beats if w.get("state") == STALLED_STATE),
+                             "not_ready": sorted(({"name": w.get("name", ""), "state": w["state"],
+                                                   "reason": w.get("reason")}
+                                                  for w in beats if w.get("state") == DISK_FULL_STATE),
+                                                 key=lambda w: w["name"])}
+        if not workers and checks["workers"]["not_ready"]:
+            checks["workers"]["detail"] = "; ".join(f"{w['name']}: {w['reason']}"
+                                                    for w in checks["workers"]["not_ready"])
     except redis.exceptions.RedisError as exc:
         checks["redis"] = {"ok": False, "detail": type(exc).__name__}
         checks["workers"] = {"ok": False, "count": 0, "detail": "unknown while Redis is unreachable"}
     ready = all(c["ok"] for c in checks.values())
     body = {"status": "ready" if ready else "not_ready", "checks": checks}
     if not ready:
-        failing = ", ".join(name for name, c in checks.items() if not c["ok"])
+        failing = ", ".join(name + (f" ({c['detail']})" if c.get("detail") else "")
+                            for name, c in checks.items() if not c["ok"])
         body["error"] = {"code": "not_ready", "message": f"failing checks: {failing}", "retryable": True}
     response = jsonify(body)
     response.status_code = 200 if ready else 503

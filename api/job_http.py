@@ -1,5 +1,6 @@
 """The Flask side both job APIs share: the job service's `Caller` for the current request, the caller's job by id,
-a JSON reply with the poll hint for unfinished jobs, and a file download with Range (RFC 9110's rules) / ETag:
+a JSON reply with the poll hint for unfinished jobs, and a file download with Range (RFC 9110's rules) / ETag and
+the conditional requests of api/conditional.py:
 from the local directory (`send_file`), streamed from the S3 store through the API (the same Range/ETag/HEAD
 rules, werkzeug's `make_conditional` over a seekable reader of ranged GETs), or, with H3BATCH_ARTIFACT_REDIRECT=1,
 a 307 to a presigned URL of the object (GET only; HEAD and conditional requests are still answered here)."""
@@ -10,12 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from flask import Response, current_app, g, jsonify, request, send_file
-from werkzeug.http import parse_range_header
+from werkzeug.http import parse_range_header, quote_etag
 from werkzeug.wsgi import wrap_file
 
-from h3batch.api import job_service
+from h3batch.api import conditional, job_service
 from h3batch.api.enqueue import enqueue_render
-from h3batch.api.errors import error_response
 from h3batch.api.redis_client import get_redis
 from h3batch.api.webhook_check import vet_webhook_url
 from h3batch.core.artifact_store import ArtifactStore, StoredObject, store_for
@@ -85,37 +85,37 @@ def _act_on_range(length: int) -> None:
         request.environ["HTTP_RANGE"] = honoured
 
 
-def _conditional_reply(response):
-    """The last step of both content paths: a failed If-Match becomes 412 with the error envelope (werkzeug keeps
-    the file as the 412's body; a failed precondition sends no content), else the range and cache headers."""
-    if response.status_code == 412:
-        response.close()
-        return error_response(412, "precondition_failed", "If-Match: the file's current ETag matches none of "
-                                                          "the tags sent", False,
-                              {"ETag": response.headers.get("ETag", "")})
+CONTENT_CACHE = "private, max-age=3600"
+"""Cache-Control of every download: per-key content, never in shared caches."""
+
+
+def _with_download_headers(response):
     response.headers["Accept-Ranges"] = "bytes"
-    response.headers["Cache-Control"] = "private, max-age=3600"  # per-key content: never in shared caches
+    response.headers["Cache-Control"] = CONTENT_CACHE
     return response
-
-
-def send_job_file(path: Path, media_type: str, etag: str | bool, download_name: str):
-    """A job's file with Range, ETag / If-None-Match / If-Match and HEAD; cacheable by the caller only. A failed
-    If-Match is 412 with the error envelope (never the file)."""
-    _act_on_range(path.stat().st_size)
-    response = send_file(path, mimetype=media_type, conditional=True, etag=etag, download_name=download_name)
-    return _conditional_reply(response)
 
 
 def send_job_content(store: ArtifactStore, obj: StoredObject, media_type: str, etag: str | bool,
                      download_name: str):
-    """A job's stored file from whichever store holds it, with the rules of `send_job_file`; with an object store
-    and H3BATCH_ARTIFACT_REDIRECT a plain GET is answered 307 to a presigned URL instead."""
+    """A job's stored file from whichever store holds it, with Range, ETag / Last-Modified, HEAD and the
+    conditional requests of RFC 9110 (api/conditional.py: 304, 412 with the error envelope, If-Range); cacheable by
+    the caller only. With an object store and H3BATCH_ARTIFACT_REDIRECT a plain GET is answered 307 to a presigned
+    URL instead."""
+    tag = etag if isinstance(etag, str) else obj.etag
+    validators = conditional.Validators(quote_etag(tag), obj.modified)
+    plain = not any(name in request.headers for name in conditional.CONDITIONAL_HEADERS)
+    not_modified = conditional.precondition(validators, {"Accept-Ranges": "bytes", "Cache-Control": CONTENT_CACHE})
+    if not_modified is not None:
+        return not_modified
+    if not conditional.range_applies(request.headers, validators):
+        request.environ.pop("HTTP_RANGE", None)
+    conditional.strip_from_environ(request.environ)  # decided above; werkzeug below only serves the range
     path = store.local_path(obj.key)
     if path is not None:
-        return send_job_file(path, media_type, etag, download_name)
-    tag = etag if isinstance(etag, str) else obj.etag
-    if (current_app.config.get("ARTIFACT_REDIRECT") and request.method == "GET"
-            and not request.headers.get("If-None-Match") and not request.headers.get("If-Match")):
+        _act_on_range(path.stat().st_size)
+        return _with_download_headers(send_file(path, mimetype=media_type, conditional=True, etag=tag,
+                                                download_name=download_name, last_modified=obj.modified))
+    if current_app.config.get("ARTIFACT_REDIRECT") and request.method == "GET" and plain:
         # A presigned URL is signed for GET only and answers with the store's own ETag, so HEAD and conditional
         # requests (which name the API's ETag) stay here.
         url = store.presigned_url(obj.key, filename=download_name, media_type=media_type)
@@ -128,5 +128,5 @@ def send_job_content(store: ArtifactStore, obj: StoredObject, media_type: str, e
     response.last_modified = obj.modified
     response.headers["Content-Disposition"] = f'inline; filename="{download_name}"'
     response.set_etag(tag)
-    return _conditional_reply(response.make_conditional(request.environ, accept_ranges=True,
-                                                        complete_length=obj.size))
+    return _with_download_headers(response.make_conditional(request.environ, accept_ranges=True,
+                                                            complete_length=obj.size))

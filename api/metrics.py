@@ -49,7 +49,7 @@ bp = Blueprint("metrics", __name__)
 
 _EXTENSION_KEY = "h3batch.http_metrics"
 JOB_STATUSES = ("queued", "in_progress", "completed", "failed", "cancelled", "expired")
-WORKER_STATES = ("STARTING", "READY", "BUSY", "STALLED")
+WORKER_STATES = ("STARTING", "READY", "BUSY", "STALLED", "DISK_FULL")
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Real-IP")
 
@@ -265,7 +265,8 @@ class ServiceCollector:
 
         states = Counter(beat.get("state") for beat in live_workers(r, WORKER_STATES))
         family = GaugeMetricFamily("h3batch_workers", "GPU workers with a fresh heartbeat, by state (READY idle, "
-                                                      "BUSY rendering)", labels=["state"])
+                                                      "BUSY rendering, DISK_FULL taking no jobs for want of disk "
+                                                      "space)", labels=["state"])
         for state in WORKER_STATES:
             family.add_metric([state], states.get(state, 0))
         yield family

@@ -38,7 +38,7 @@ def _raw_fields() -> dict[str, Any]:
         for name in files:
             raise ApiError(400, "unsupported_parameter",
                            f"{name}: file uploads are not supported: h3batch is text-to-video+audio only")
-        return {name: values[0] if len(values) == 1 else values for name, values in texts}
+        return dict(texts)
     body = request.get_json(force=True, silent=True)
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_json", "expected a JSON object or multipart/form-data body, e.g. "

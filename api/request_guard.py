@@ -8,8 +8,8 @@ each parameter a single type, and Schemathesis sends repeats as arrays to check 
 A chunked body (no Content-Length) over MAX_CONTENT_LENGTH is 413 like a declared one: werkzeug stops reading such a
 body at the limit and hands the views the first 64 KiB, which they would refuse as broken JSON (400).
 
-`form_parts` is how the multipart views read part names (it is no before-request check: /batches raises the body
-limit in its own hook, which runs after the app's).
+`form_parts` is how the multipart views read the parts, each name once (it is no before-request check: /batches raises
+the body limit in its own hook, which runs after the app's).
 """
 from __future__ import annotations
 
@@ -22,9 +22,21 @@ UNREADABLE_NAME = "(empty name)"
 keyed None, and sorting or printing None beside str names was a 500. No route accepts this name: an unknown field."""
 
 
-def form_parts() -> tuple[list[tuple[str, list[str]]], list[str]]:
-    """The multipart/urlencoded body as (text parts as (name, values), file part names), every name a str."""
-    texts = [(name or UNREADABLE_NAME, request.form.getlist(name)) for name in request.form]
+def form_parts() -> tuple[list[tuple[str, str]], list[str]]:
+    """The multipart/urlencoded body as (text parts as (name, value), file part names), every name a str.
+
+    Every form field is sent once, as every query parameter is: werkzeug keeps each repeat of a part (`-F file=@a
+    -F file=@b`) and `.get` would silently take the first, so a repeated name, text or file part (or both at once),
+    is 400 `invalid_request` naming it.
+    """
+    counts: dict[str | None, int] = {}
+    for name, values in [*request.form.lists(), *request.files.lists()]:
+        counts[name] = counts.get(name, 0) + len(values)
+    for name, count in counts.items():
+        if count > 1:
+            raise ApiError(400, "invalid_request", f"{(name or UNREADABLE_NAME)[:64]}: expected one form part, "
+                                                   f"found {count}")
+    texts = [(name or UNREADABLE_NAME, request.form[name]) for name in request.form]
     return texts, [name or UNREADABLE_NAME for name in request.files]
 
 

@@ -282,6 +282,11 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
     ("H3BATCH_RENDER_STALL_S", "render_stall_s", "300", _non_negative_float, "worker",
      "run deadline: a render that reports no progress (stage or denoise step) for this long fails `run_deadline` "
      "(0: no stall limit; H3BATCH_MAX_RUN_S still bounds the whole run)"),
+    ("H3BATCH_MIN_FREE_DISK_MB", "min_free_disk_mb", "1024", _non_negative_int, "worker",
+     "free space H3BATCH_ARTIFACTS_DIR (render scratch; the MP4s with a local store) must have for the worker to "
+     "take a job; below it, or after a write failed with ENOSPC/EDQUOT (the job then goes back to the queue), the "
+     "worker takes no jobs and its heartbeat and /readyz say DISK_FULL with the reason until space is back "
+     "(worker/disk.py; 0: no floor, a failed write still stops it)"),
     ("H3BATCH_DEBUG_STEP_DELAY_S", "debug_step_delay_s", "0", _non_negative_float, "worker",
      "test knob: the worker sleeps this long at each progress report (widens cancel windows in tests)"),
     ("H3BATCH_MAX_ROWS", "max_rows", "(memory plan, else the contract's largest request)", _positive_int, "worker",
@@ -388,6 +393,7 @@ class Settings:
     worker_name: str = ""
     stall_s: float = 60.0
     render_stall_s: float = 300.0
+    min_free_disk_mb: int = 1024
     debug_step_delay_s: float = 0.0
     max_rows: int | None = None
     debug_oom_at: tuple[str, int] | None = None

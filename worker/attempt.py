@@ -21,7 +21,7 @@ from h3batch.core.artifact_store import ArtifactStore, StoreUnavailable, open_st
 from h3batch.core.exceptions import ExceedsWorkerCapacity, GpuOutOfMemory, InvalidRequest, JobError, ReleaseMismatch
 from h3batch.core.geometry import RequestGeometry
 from h3batch.core.jobs import JobStatus, Stage
-from h3batch.worker import job_metadata
+from h3batch.worker import job_metadata, reaper
 from h3batch.worker.resident import Resident
 
 log = logging.getLogger("h3batch.worker")
@@ -261,6 +261,25 @@ class Attempt:
             log.warning("lost Redis mid-render error=%s; the job is requeued when its lease lapses",
                         type(exc).__name__, extra=self.log_extra)
         lease.attempt_path(self.job_dir, self.number).unlink(missing_ok=True)
+
+    def requeue_for_disk(self, fault: OSError) -> None:
+        """A write failed with ENOSPC/EDQUOT (worker/disk.py): the disk's fault, not the job's. The attempt's files
+        go, the job goes back to `queued` (attempt + 1 later; a cancel asked for meanwhile is honoured instead) with
+        a fresh render message sent once this attempt's lease is dropped, and the heartbeat says DISK_FULL."""
+        r = self.res.r
+        log.error("render stopped: no disk space at stage %s (%s); the job goes back to the queue", self.stage,
+                  fault, extra=self.log_extra)
+        try:
+            lease.clean_up(r, self.job_id, self.number, self.job_dir, self.store)
+        except StoreUnavailable as exc:  # the garbage pass removes what is left
+            log.warning("could not remove this attempt's objects: %s", exc, extra=self.log_extra)
+        self.res.heartbeat.set_disk(self.res.disk.record_fault(fault))
+        if jobs.cancel_requested(r, self.job_id):
+            self.finish_cancelled()
+            return
+        if reaper.requeue(r, self.job_id, self.number, reason="disk_full"):
+            jobs.drop_lease(r, self.job_id, self.holder)
+            self.res.heartbeat.resend(self.job_id)
 
     def release(self) -> None:
         """Always last: drop the lease (if Redis answers) and tell the heartbeat this worker is free."""

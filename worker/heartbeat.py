@@ -21,6 +21,7 @@ from h3batch.core import batches, capacity, defaults, jobs, keys
 from h3batch.core.artifact_store import StoreUnavailable, open_store
 from h3batch.settings import Settings
 from h3batch.worker import reaper
+from h3batch.worker.disk import DiskHealth
 
 log = logging.getLogger("h3batch.worker")
 
@@ -32,6 +33,7 @@ class WorkerState(str, enum.Enum):
     READY = "READY"  # consuming, no job in hand
     BUSY = "BUSY"  # rendering a job (its lease is renewed with every beat)
     STALLED = "STALLED"  # its render hit the run deadline and has not stopped yet (worker/deadline.py)
+    DISK_FULL = "DISK_FULL"  # takes no jobs: free disk under the floor, or a write failed (worker/disk.py; `reason`)
 
 
 class Heartbeat(threading.Thread):
@@ -41,7 +43,7 @@ class Heartbeat(threading.Thread):
     requests by (core/capacity.py)."""
 
     def __init__(self, r: redis.Redis, name: str, info: dict[str, Any], resend: Callable[[str], None],
-                 settings: Settings, state: WorkerState = WorkerState.READY):
+                 settings: Settings, state: WorkerState = WorkerState.READY, disk: DiskHealth | None = None):
         super().__init__(name="h3batch-heartbeat", daemon=True)
         self.r = r
         self.settings = settings
@@ -51,6 +53,8 @@ class Heartbeat(threading.Thread):
         self.state = state
         self.job_id: str | None = None
         self.lease_holder: str | None = None
+        self.disk = disk  # checked on every idle beat (worker/disk.py)
+        self.disk_reason: str | None = None  # why the worker takes no jobs now; None when it may
         self._stop_event = threading.Event()
         self._lock = threading.Lock()
 
@@ -66,14 +70,39 @@ class Heartbeat(threading.Thread):
         self.beat()
 
     def set_ready(self) -> None:
+        """No job in hand: READY, or DISK_FULL while the disk says no."""
         with self._lock:
-            self.state, self.job_id, self.lease_holder = WorkerState.READY, None, None
+            self.job_id, self.lease_holder = None, None
+            self.state = WorkerState.DISK_FULL if self.disk_reason else WorkerState.READY
         self.beat()
+
+    def set_disk(self, reason: str | None) -> None:
+        """The disk's verdict (None: fine). Between jobs it decides READY or DISK_FULL; a render in hand keeps BUSY
+        (its own writes decide its outcome)."""
+        with self._lock:
+            changed = reason != self.disk_reason
+            self.disk_reason = reason
+            if self.state in (WorkerState.READY, WorkerState.DISK_FULL):
+                changed = changed or (self.state is WorkerState.DISK_FULL) != bool(reason)
+                self.state = WorkerState.DISK_FULL if reason else WorkerState.READY
+        if changed:
+            if reason:
+                log.error("not taking jobs: %s", reason, extra={"worker": self.worker_name})
+            else:
+                log.info("taking jobs again: disk space is back", extra={"worker": self.worker_name})
+            self.beat()
+
+    def check_disk(self) -> None:
+        """An idle beat's disk look: free space against the floor, or the probe after a failed write."""
+        if self.disk is not None and self.state in (WorkerState.READY, WorkerState.DISK_FULL):
+            self.set_disk(self.disk.check())
 
     def beat(self) -> None:
         with self._lock:
             payload = {**self.info, "name": self.worker_name, "state": self.state.value, "job_id": self.job_id,
                        "ts": time.time(), "pid": os.getpid()}
+            if self.state is WorkerState.DISK_FULL:
+                payload["reason"] = self.disk_reason
             job_id, holder = self.job_id, self.lease_holder
         try:
             with self.r.pipeline(transaction=False) as pipe:
@@ -112,6 +141,7 @@ class Heartbeat(threading.Thread):
     def run(self) -> None:
         last_reap = 0.0
         while not self._stop_event.wait(self.settings.heartbeat_interval_s):
+            self.check_disk()
             self.beat()
             try:  # held batch items into idle capacity (core/batches.py): catches any missed top-up
                 batches.feed(self.r, self.resend)

@@ -132,14 +132,9 @@ def reap(r: redis.Redis, send: Callable[[str], None], *, grace_s: float, record_
                 report.failed.append(job_id)
                 log.warning("job failed: its worker was lost on every attempt", extra=extra)
             continue
-        requeued = jobs.transition(
-            r, job_id, JobStatus.QUEUED, expect={JobStatus.IN_PROGRESS}, expect_attempt=attempt,
-            fields={"stage": Stage.QUEUED, "step": 0, "progress": 0.0, "requeued_at": now}, now=now)
-        if requeued is None:
+        if not requeue(r, job_id, attempt, now=now):
             continue  # re-claimed, cancelled or deleted meanwhile
         send(job_id)
-        lease.count(r, job_id, "requeues")
-        r.hset(keys.runs(job_id), "requeued_at", repr(now))
         report.requeued.append(job_id)
         log.warning("requeued job whose worker lost its lease", extra=extra)
 
@@ -162,6 +157,23 @@ def reap(r: redis.Redis, send: Callable[[str], None], *, grace_s: float, record_
                 report.resent.append(job_id)
                 log.warning("re-sent the render message of a queued job that had none", extra={"job_id": job_id})
     return report
+
+
+def requeue(r: redis.Redis, job_id: str, attempt: int, *, now: float | None = None,
+            reason: str = "worker_lost") -> bool:
+    """Attempt `attempt` of a running job goes back to `queued` (compare-and-set on it), counted in `h3b:runs`
+    (`requeues`, `requeued_at`) with `requeue_reason` on the record; False when the job moved on meanwhile. The
+    caller sends the render message (after dropping any lease it holds, so the next claim is not refused)."""
+    now = time.time() if now is None else now
+    requeued = jobs.transition(
+        r, job_id, JobStatus.QUEUED, expect={JobStatus.IN_PROGRESS}, expect_attempt=attempt,
+        fields={"stage": Stage.QUEUED, "step": 0, "progress": 0.0, "requeued_at": now, "requeue_reason": reason},
+        now=now)
+    if requeued is None:
+        return False
+    lease.count(r, job_id, "requeues")
+    r.hset(keys.runs(job_id), "requeued_at", repr(now))
+    return True
 
 
 _NOT_SERVABLE = frozenset({JobStatus.FAILED.value, JobStatus.CANCELLED.value, JobStatus.EXPIRED.value})

@@ -19,6 +19,7 @@ from h3batch.core.celery_app import make_celery
 from h3batch.settings import Settings
 from h3batch.worker import capacity, compile_cache, webhook_delivery
 from h3batch.worker.deadline import DeadlineConfig, RunDeadline
+from h3batch.worker.disk import DiskHealth
 from h3batch.worker.heartbeat import Heartbeat, WorkerState
 
 log = logging.getLogger("h3batch.worker")
@@ -33,6 +34,7 @@ class Resident:
     pipeline: Any  # h3batch.worker.pipeline.Pipeline (imported lazily: torch)
     heartbeat: Heartbeat
     deadline: RunDeadline
+    disk: DiskHealth  # free space of the artifacts dir; its verdict is the heartbeat's DISK_FULL (worker/disk.py)
     max_rows: int = capacity.CONTRACT_MAX_ROWS  # largest request served, advertised in the heartbeat
     loaded_at: float = field(default_factory=time.time)
 
@@ -71,11 +73,12 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
         def resend(job_id: str) -> None:
             sender.send_task(defaults.RENDER_TASK, args=[job_id], queue=defaults.RENDER_QUEUE)
 
+        disk = DiskHealth(settings.artifacts_dir, settings.min_free_disk_mb)
         heartbeat = Heartbeat(r, settings.worker_name, {"release_id": pipeline.release_id,
                                                         "contract_hash": pipeline.contract_hash, "ranks": ranks,
                                                         "model_loads": 1, "load_s": round(load_s, 3),
                                                         "max_rows": max_rows}, resend,
-                              settings, state=WorkerState.READY if ready else WorkerState.STARTING)
+                              settings, state=WorkerState.READY if ready else WorkerState.STARTING, disk=disk)
         heartbeat.beat()
         heartbeat.start()
         deadline = RunDeadline(r, settings.worker_name,
@@ -93,7 +96,7 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
                      plan.placement, plan.max_rows, plan.seconds_served,
                      extra={"max_rows": plan.max_rows, "text_encoder_placement": plan.placement})
         _resident = Resident(settings=settings, r=r, pipeline=pipeline, heartbeat=heartbeat,
-                             deadline=deadline, max_rows=max_rows)
+                             deadline=deadline, disk=disk, max_rows=max_rows)
         return _resident
 
 

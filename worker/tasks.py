@@ -9,10 +9,12 @@ import logging
 import redis
 from celery import shared_task
 
-from h3batch.core import batches, defaults, lease
+from h3batch.core import batches, defaults, keys, lease
 from h3batch.core.artifact_store import StoreUnavailable
 from h3batch.core.exceptions import JobError
+from h3batch.core.jobs import JobStatus
 from h3batch.settings import Settings
+from h3batch.worker import disk
 from h3batch.worker.attempt import Attempt
 from h3batch.worker.resident import Resident, load_resident
 
@@ -31,9 +33,12 @@ def run_job(res: Resident, job_id: str) -> None:
     from h3batch.worker.pipeline import RenderCancelled  # noqa: PLC0415  (torch)
     from h3batch.worker.rank_group import RankGroupError  # noqa: PLC0415
 
+    if not _disk_ready(res, job_id):
+        return
     attempt = Attempt.claim(res, job_id)
     if attempt is None:
         return
+    out_of_disk = False
     try:
         result = attempt.render()
         attempt.finish_completed(result, attempt.publish(result))
@@ -48,10 +53,42 @@ def run_job(res: Resident, job_id: str) -> None:
     except OutOfMemoryError as exc:  # the job fails gpu_out_of_memory; the worker frees the memory and goes on
         attempt.finish_out_of_memory(exc)
     except Exception as exc:  # unexpected: the traceback goes to the log and a private record field, never the API
-        attempt.finish_crashed(exc)
+        fault = disk.disk_fault(exc)
+        if fault is not None:  # ENOSPC/EDQUOT: the job goes back to the queue, the worker stops taking jobs
+            attempt.requeue_for_disk(fault)
+            out_of_disk = True
+        else:
+            attempt.finish_crashed(exc)
     finally:
         attempt.release()
         _top_up(res, job_id)
+    if out_of_disk:
+        _wait_for_disk(res)
+
+
+def _disk_ready(res: Resident, job_id: str) -> bool:
+    """The floor check before a claim (worker/disk.py): False when the disk says no, after handing the job back (a
+    fresh render message, so another worker, or this one once space is back, takes it) and waiting for space."""
+    reason = res.disk.check()
+    res.heartbeat.set_disk(reason)
+    if reason is None:
+        return True
+    if res.r.hget(keys.job(job_id), "status") == JobStatus.QUEUED.value:
+        res.heartbeat.resend(job_id)
+        log.warning("job handed back unclaimed: %s", reason, extra={"job_id": job_id})
+    _wait_for_disk(res)
+    return False
+
+
+def _wait_for_disk(res: Resident) -> None:
+    """Hold this (solo-pool) consumer, so it takes no message, until the disk says yes or a shutdown begins."""
+    from celery.worker import state as worker_state  # noqa: PLC0415
+
+    def stopping() -> bool:
+        return worker_state.should_stop not in (None, False) or worker_state.should_terminate not in (None, False)
+
+    if disk.wait_until_ok(res.disk, res.heartbeat.set_disk, res.settings.heartbeat_interval_s, stopping):
+        res.heartbeat.set_ready()
 
 
 def _top_up(res: Resident, job_id: str) -> None:

@@ -9,7 +9,8 @@ its heartbeat thread keeps beating, yet the consumer takes nothing (celery#8030,
 cannot see that, and Docker does not restart an `unhealthy` container by itself, so the watchdog ends the process.
 
 Stalled means, at every check during the last `stall_s` seconds: the broker list of a consumed queue held messages,
-this worker was not rendering (heartbeat state not BUSY), and no task started in this process (Celery's `task_prerun`
+this worker was not rendering (heartbeat state not BUSY) nor holding back for want of disk space (DISK_FULL: it
+takes nothing on purpose, worker/disk.py), and no task started in this process (Celery's `task_prerun`
 signal, which also fires for deliveries that are skipped as stale). Redis errors reset nothing and decide nothing:
 while Redis is down there is no way to tell, and the consumer's own reconnect logic is still running.
 """
@@ -92,7 +93,7 @@ class Watchdog(threading.Thread):
                 waiting = sum(broker.ready_depth(self.r, q) for q in self.queues)
             except redis.exceptions.RedisError:
                 continue  # cannot tell while Redis is away
-            if waiting == 0 or self.state() is WorkerState.BUSY:
+            if waiting == 0 or self.state() in (WorkerState.BUSY, WorkerState.DISK_FULL):
                 stalled_since = None
                 continue
             stalled_since = stalled_since if stalled_since is not None else now

@@ -26,6 +26,7 @@ from openai import OpenAI
 
 from h3batch.core.artifact_store import S3Store, StoreUnavailable, attempt_key
 from h3batch.worker import reaper
+from tests.api.conditional_matrix import check_matrix
 from tests.conftest import start_redis
 from tests.object_store import MotoServer, object_store  # noqa: F401  (fixture)
 from tests.service_stack import H3BATCH, REPO, ApiProcess, service_env, start_worker, tiny_release  # noqa: F401
@@ -166,9 +167,9 @@ def test_stream_download_with_range_etag_and_head(s3, done_job):
     assert requests.get(openai_url, headers=AUTH, timeout=30).content == full.content
 
 
-def test_batch_archive_reads_the_mp4s_from_the_bucket(s3):
-    """A batch's zip is assembled from the objects (ranged GETs), not from a local directory: the API's own artifacts
-    directory stays empty, every member equals the item's /content bytes, and a Range of the zip is its slice."""
+@pytest.fixture(scope="module")
+def finished_batch(s3) -> str:
+    """A two-item batch rendered into the bucket and finished; its id."""
     lines = [{"prompt": "a kettle whistles", "seconds": 4, "custom_id": "kettle", **SMALL},
              {"prompt": "a bell rings twice", "seconds": 4, "custom_id": "bell", **SMALL}]
     made = requests.post(f"{s3.stream.base}/batches", json={"requests": lines}, headers=AUTH, timeout=30)
@@ -181,6 +182,13 @@ def test_batch_archive_reads_the_mp4s_from_the_bucket(s3):
             break
         time.sleep(0.2)
     assert batch["status"] == "completed" and batch["counts"]["completed"] == 2, batch
+    return batch_id
+
+
+def test_batch_archive_reads_the_mp4s_from_the_bucket(s3, finished_batch):
+    """A batch's zip is assembled from the objects (ranged GETs), not from a local directory: the API's own artifacts
+    directory stays empty, every member equals the item's /content bytes, and a Range of the zip is its slice."""
+    batch_id = finished_batch
     archive = requests.get(f"{s3.stream.base}/batches/{batch_id}/archive", headers=AUTH, timeout=60)
     assert archive.status_code == 200, archive.text
     results = [json.loads(line) for line in
@@ -195,6 +203,21 @@ def test_batch_archive_reads_the_mp4s_from_the_bucket(s3):
     assert part.status_code == 206 and part.content == archive.content[100:4100]
     api_dir = s3.artifacts.parent / "api-artifacts"
     assert not any(api_dir.rglob("*.mp4")) if api_dir.exists() else True
+
+
+def test_conditional_requests_on_content_and_archive_from_the_bucket(s3, done_job, finished_batch):
+    """RFC 9110 §13 (tests/api/conditional_matrix.py) on job content streamed from the bucket, on both content
+    routes, and on the archive of a batch whose members come from the bucket. The redirecting API answers a
+    conditional GET itself (the presigned URL would carry the store's own ETag)."""
+    job_id = done_job["id"]
+    for path in (f"/jobs/{job_id}/content", f"/v1/videos/{job_id}/content"):
+        assert check_matrix(s3.stream.base + path, AUTH, expect_last_modified=True) > 25
+    assert check_matrix(f"{s3.stream.base}/batches/{finished_batch}/archive", AUTH, expect_last_modified=False) > 20
+    etag = requests.head(f"{s3.stream.base}/jobs/{job_id}/content", headers=AUTH, timeout=30).headers["ETag"]
+    for headers, status in (({"If-None-Match": "*"}, 304), ({"If-Match": f"W/{etag}"}, 412)):
+        reply = requests.get(f"{s3.redirect.base}/jobs/{job_id}/content", headers={**AUTH, **headers},
+                             allow_redirects=False, timeout=30)
+        assert reply.status_code == status and "Location" not in reply.headers, (headers, reply.status_code)
 
 
 @pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,

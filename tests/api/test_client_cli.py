@@ -54,6 +54,47 @@ def test_bad_input_and_unreachable_api_exit_2_with_one_line(compat_api):
         assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("h3batch submit: "), done.stderr
 
 
+def _job_ids(base: str) -> set[str]:
+    return {j["id"] for j in requests.get(f"{base}/jobs?limit=100", headers=auth(), timeout=10).json()["data"]}
+
+
+def _batch_ids(base: str) -> set[str]:
+    return {b["id"] for b in requests.get(f"{base}/batches?limit=100", headers=auth(), timeout=10).json()["data"]}
+
+
+def test_every_bad_argument_is_one_line_exit_2_and_creates_nothing(compat_api, tmp_path):
+    """A malformed --api URL, a number that is not one, and an --out / --out-dir that cannot be written (through
+    /proc, through a plain file, a folder as --out) are refused with exit 2 and one line, before any request: the
+    server's job and batch lists are unchanged (the --out case used to render the job and then end in a traceback
+    with exit 1)."""
+    (tmp_path / "ok.jsonl").write_text('{"prompt": "a gong", "width": 128, "height": 32}\n')
+    (tmp_path / "plain").write_text("a file, not a folder")
+    api = ["--api", compat_api.base, "--api-key", KEY_A]
+    cases = [
+        (["x", "--api", "http://[::1"], "--api"),
+        (["x", "--api", "http://[::1]:99999"], "--api"),
+        (["x", "--api", "ftp://127.0.0.1/"], "--api"),
+        (["x", "--api", "127.0.0.1:8000"], "--api"),
+        (["x", "--seconds", "nan", *api], "--seconds"),
+        (["x", "--seconds", "1e999", *api], "--seconds"),
+        (["x", "--timeout", "-1", "--wait", *api], "--timeout"),
+        (["--file", str(tmp_path / "ok.jsonl"), "--out-dir", str(tmp_path / "d"), "--poll", "nan", *api], "--poll"),
+        (["x", "--wait", "--out", "/proc/nope/x.mp4", *api], "--out: cannot write in /proc/nope"),
+        (["x", "--out", str(tmp_path / "plain" / "x.mp4"), *api], "--out: cannot write in"),
+        (["x", "--out", str(tmp_path), *api], "--out: "),
+        (["--file", str(tmp_path / "ok.jsonl"), "--out-dir", "/proc/1/nope", *api], "--out-dir: cannot write in"),
+        (["--file", str(tmp_path / "ok.jsonl"), "--out-dir", str(tmp_path / "plain" / "d"), *api], "--out-dir: "),
+    ]
+    jobs, batches = _job_ids(compat_api.base), _batch_ids(compat_api.base)
+    for args, needle in cases:
+        done = run_cli(*args, "--no-progress", timeout=60)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, (args, done.returncode, done.stderr)
+        assert lines[0].startswith("h3batch submit: ") and needle in lines[0], (args, lines)
+        assert "Traceback" not in done.stderr
+    assert _job_ids(compat_api.base) == jobs and _batch_ids(compat_api.base) == batches
+
+
 def test_cancelled_job_exits_1(stack):
     """When the job ends cancelled (here: cancelled through the API mid-render) the CLI exits 1 saying so."""
     before = {j["id"] for j in requests.get(f"{stack.base}/jobs?limit=100", headers=auth(), timeout=60).json()["data"]}

@@ -1,12 +1,15 @@
 """HTTP protocol details of the content downloads (P5 item 11), on a real rendered MP4 behind gunicorn: RFC 9110's
 Range rules (a Range the server will not act on is ignored and the whole file sent with 200; a suffix longer than
-the file selects all of it) and If-Match (a failed precondition is a 412 error envelope, never the file)."""
+the file selects all of it) and If-Match (a failed precondition is a 412 error envelope, never the file); the
+conditional-request matrix of RFC 9110 §13 on job content and on the batch archive (tests/api/conditional_matrix.py)."""
 from __future__ import annotations
 
 import pytest
 import requests
 
+from tests.api.conditional_matrix import check_matrix
 from tests.api.conftest import auth, wait_job
+from tests.service_stack import wait_batch
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +62,28 @@ def test_failed_if_match_is_412_without_the_body(rendered):
         assert error["code"] == "precondition_failed" and error["retryable"] is False
         assert len(reply.content) < 1000
     assert requests.get(url, headers={**auth(), "If-Match": etag}, timeout=30).content == content
+
+
+@pytest.fixture(scope="module")
+def finished_batch(compat_api, compat_worker):
+    """A one-item batch that has finished; its archive URL."""
+    made = requests.post(f"{compat_api.base}/batches", json={"requests": [{"prompt": "a gong", "custom_id": "gong"}]},
+                         headers=auth(), timeout=10)
+    assert made.status_code == 202, made.text
+    batch = wait_batch(compat_api.base, made.json()["id"], auth())
+    assert batch["status"] == "completed", batch
+    return f"{compat_api.base}/batches/{batch['id']}/archive"
+
+
+def test_conditional_requests_on_job_content(rendered):
+    """RFC 9110 §13 on both content routes of a file in the local store: If-Match (`*`, strong), If-None-Match
+    (`*`, weak, 304), If-Range (strong only: a weak tag sends the whole file), the date conditions against
+    Last-Modified, and the §13.2.2 order between them."""
+    url, _, _ = rendered
+    for path in (url, url.replace("/jobs/", "/v1/videos/")):
+        assert check_matrix(path, auth(), expect_last_modified=True) > 25
+
+
+def test_conditional_requests_on_the_batch_archive(finished_batch):
+    """The same matrix on the batch archive, which sends no Last-Modified (so the date conditions are ignored)."""
+    assert check_matrix(finished_batch, auth(), expect_last_modified=False) > 20

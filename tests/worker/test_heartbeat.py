@@ -29,7 +29,8 @@ def payload(r) -> dict:
 
 
 def test_payload_carries_the_state_strings_readers_expect(r):
-    """STARTING, BUSY (with the job id), STALLED (run deadline, lease no longer renewed) and READY reach Redis as the plain strings /readyz compares with."""
+    """STARTING, BUSY (with the job id), STALLED (run deadline, lease no longer renewed), READY and DISK_FULL (with
+    its reason, kept across a job) reach Redis as the plain strings /readyz compares with."""
     beat = make_heartbeat(r, [])
     beat.beat()
     assert payload(r)["state"] == "STARTING" and payload(r)["release_id"] == "rel"
@@ -40,7 +41,14 @@ def test_payload_carries_the_state_strings_readers_expect(r):
     assert payload(r)["state"] == "STALLED" and payload(r)["job_id"] == "job_1" and beat.lease_holder is None
     beat.set_ready()
     assert payload(r)["state"] == "READY" and payload(r)["job_id"] is None
-    assert [s.value for s in WorkerState] == ["STARTING", "READY", "BUSY", "STALLED"]
+    beat.set_disk("disk_low: 3.0 MB free")
+    assert payload(r)["state"] == "DISK_FULL" and payload(r)["reason"] == "disk_low: 3.0 MB free"
+    beat.set_busy("job_2", "hb-test:1")
+    beat.set_ready()  # the disk still says no: a job ending does not make the worker READY
+    assert payload(r)["state"] == "DISK_FULL"
+    beat.set_disk(None)
+    assert payload(r)["state"] == "READY" and "reason" not in payload(r)
+    assert [s.value for s in WorkerState] == ["STARTING", "READY", "BUSY", "STALLED", "DISK_FULL"]
 
 
 def test_a_busy_beat_renews_the_lease_of_the_job_in_hand(r):
