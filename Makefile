@@ -37,6 +37,13 @@ lock: $(UV)
 	$(UV) pip compile pyproject.toml --extra test $(LOCK_ARGS) --find-links /opt/wheels \
 		-c requirements/cpu.constraints -o requirements/cpu.lock
 	$(UV) pip compile pyproject.toml $(LOCK_ARGS) -c requirements/cuda.constraints -o requirements/cuda.lock
+	# The images' lists (docker/Dockerfile, docs/deploy.md "Images"): subsets of the CPU lock, same pins and hashes.
+	for image in api loadrunner build; do \
+		$(UV) pip compile docker/requirements/$$image.in $(LOCK_ARGS) -c requirements/cpu.lock \
+			-o docker/requirements/$$image.txt || exit 1; \
+	done
+	$(UV) pip compile pyproject.toml $(LOCK_ARGS) --find-links /opt/wheels -c requirements/cpu.lock \
+		-o docker/requirements/worker-cpu.txt
 
 demo: setup
 	$(VENV)/bin/h3batch demo
@@ -80,3 +87,11 @@ test-chaos: setup
 .PHONY: test-soak
 test-soak: setup
 	H3BATCH_SOAK=1 $(RUN) -m pytest -q -s -p no:cacheprovider tests/system/test_soak.py
+
+# `docker compose up` for real (docs/deploy.md "Tested"): Docker or podman with a compose that reads the file, the base
+# image from Debian's packages when no registry answers, the images from the lock, then the CPU stack: one job, a
+# batch of 3, the reference sweep, a worker container killed mid-render, `compose down -v`. Not in `make test`.
+.PHONY: test-compose
+test-compose: setup
+	docker/compose-host.sh
+	H3BATCH_COMPOSE=1 $(RUN) -m pytest -q -s -p no:cacheprovider tests/system/test_compose_stack.py

@@ -74,8 +74,10 @@ def botocore_variables() -> set[str]:
 
 def huggingface_variables() -> set[str]:
     import huggingface_hub.constants  # noqa: PLC0415
+    import huggingface_hub.utils._auth  # noqa: PLC0415 - reads HF_TOKEN
 
-    return set(re.findall(r"\"(HF_[A-Z0-9_]+)\"", Path(huggingface_hub.constants.__file__).read_text()))
+    return {name for module in (huggingface_hub.constants, huggingface_hub.utils._auth)
+            for name in re.findall(r"\"(HF_[A-Z0-9_]+)\"", Path(module.__file__).read_text())}
 
 
 def check_variable(name: str, where: str) -> None:
@@ -124,9 +126,9 @@ def check_command(argv: list[str], where: str) -> None:
             return
         path = REPO / re.sub(r"^/app/", "", script)
         assert path.is_file(), f"{where}: {script} is not in the repository"
-        copied = (REPO / "docker" / "worker.Dockerfile").read_text()
-        assert re.search(rf"^COPY {re.escape(path.relative_to(REPO).as_posix())} ", copied, re.MULTILINE), \
-            f"{where}: the worker image does not copy {script}"
+        for target in ("worker-cpu", "worker-cuda"):
+            assert re.search(rf"^COPY {re.escape(path.relative_to(REPO).as_posix())} ", dockerfile_stage(target),
+                             re.MULTILINE), f"{where}: the {target} image does not copy {script}"
     else:
         pytest.fail(f"{where}: {argv[0]!r} is neither h3batch, celery nor a python probe")
 
@@ -153,6 +155,44 @@ def check_celery(args: list[str], where: str) -> None:
         for option in rest[1:]:
             name = option.lstrip("-").split("=", 1)[0].replace("_", "-")
             assert name in flower_options._options, f"{where}: flower has no option --{name}"
+
+
+# --- what the build produces -------------------------------------------------------------------------------------
+
+DOCKERFILE = REPO / "docker" / "Dockerfile"
+
+
+def dockerfile_stage(target: str) -> str:
+    """The text of one `FROM ... AS target` stage of docker/Dockerfile."""
+    stages = re.split(r"^(?=FROM )", DOCKERFILE.read_text(), flags=re.MULTILINE)
+    (stage,) = [s for s in stages if re.match(rf"FROM \S+ AS {re.escape(target)}\n", s)]
+    return stage
+
+
+def stage_cmd(target: str) -> list[str]:
+    return yaml.safe_load(re.findall(r"^CMD (\[.*\])$", dockerfile_stage(target), re.MULTILINE)[-1])
+
+
+def project_version() -> str:
+    return re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.MULTILINE).group(1)
+
+
+def built_images() -> dict[str, str]:
+    """image name:tag -> docker/Dockerfile target, for every compose service that builds (CPU override included)."""
+    built = {}
+    for path in (COMPOSE, REPO / "docker" / "compose.cpu.yml"):
+        services = load_compose() if path == COMPOSE else yaml.load(path.read_text(), Loader=ResetLoader)["services"]
+        for service in services.values():
+            if "build" in service and "target" in service["build"]:
+                built[service["image"]] = service["build"]["target"]
+    return built
+
+
+class ResetLoader(yaml.SafeLoader):
+    """Reads compose's `!reset` tag (docker/compose.cpu.yml) as the value it carries."""
+
+
+ResetLoader.add_constructor("!reset", lambda loader, node: None)
 
 
 # --- the Kubernetes manifest ------------------------------------------------------------------------------------
@@ -249,6 +289,50 @@ def test_manifest_variables_exist_in_the_code():
         check_settings_values({k: v for k, v in env.items() if v is not None}, where)
 
 
+MANIFEST_TARGETS = {"api": "api", "worker": "worker-cuda", "fetch-release": "worker-cuda"}
+"""Manifest container name -> the docker/Dockerfile target its image must be."""
+
+
+def test_manifest_images_and_commands_are_what_the_build_produces():
+    """Each h3batch container's image is an image compose builds (by name, with the project's version as tag, or
+    pinned by digest; never :latest), of the right target, and the long-running ones run that target's CMD."""
+    built = built_images()
+    assert set(built.values()) >= {"api", "loadrunner", "worker-cpu", "worker-cuda"}, built
+    assert all(image.endswith(f":{project_version()}") for image in built), built
+    seen = set()
+    for doc, container in pod_containers(load_manifest()):
+        if not OUR_IMAGES.search(container["image"]):
+            continue
+        where = f"{doc['kind']}/{doc['metadata']['name']}/{container['name']}"
+        image = container["image"].rsplit("/", 1)[-1]
+        name, digest = image.split("@", 1) if "@" in image else (image, None)
+        if digest is not None:
+            assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), f"{where}: {container['image']}"
+            name = f"{name}:{project_version()}"
+        assert not name.endswith(":latest") and ":" in name, f"{where}: {container['image']} is not pinned"
+        assert name in built, f"{where}: {name} is not an image the build tags ({sorted(built)})"
+        target = MANIFEST_TARGETS[container["name"]]
+        assert built[name] == target, f"{where}: {name} is target {built[name]}, expected {target}"
+        if container["name"] != "fetch-release":
+            assert container["command"] + container.get("args", []) == stage_cmd(target), where
+        seen.add(container["name"])
+    assert seen == set(MANIFEST_TARGETS)
+
+
+def test_the_release_is_named_once_for_init_and_worker():
+    """The init container fetches exactly the release the worker serves: both read the ConfigMap's H3BATCH_RELEASE,
+    a Hub repo with an explicit revision."""
+    docs = load_manifest()
+    release = by_kind(docs, "ConfigMap", "h3batch-config")["data"]["H3BATCH_RELEASE"]
+    assert re.fullmatch(r"[\w.-]+/[\w.-]+@[\w.-]+", release), release
+    pod = by_kind(docs, "StatefulSet", "gpu-worker")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["args"][0] == "$(H3BATCH_RELEASE)"
+    for container in (init, *pod["containers"]):
+        env = container_env(container, docs, "h3batch")
+        assert env.get("H3BATCH_RELEASE") == release, container["name"]
+
+
 # --- docker-compose.yml -----------------------------------------------------------------------------------------
 
 
@@ -272,8 +356,7 @@ def test_compose_commands_resolve_in_the_code():
     for name, service in services.items():
         command = service.get("command")
         if command is None:
-            dockerfile = REPO / service["build"]["dockerfile"]
-            command = yaml.safe_load(re.findall(r"^CMD (\[.*\])$", dockerfile.read_text(), re.MULTILINE)[-1])
+            command = stage_cmd(service["build"]["target"])
         check_command([compose_value(part) for part in command], f"compose {name}")
         probe = service.get("healthcheck", {}).get("test", [])
         if probe[:1] == ["CMD"]:
@@ -314,3 +397,18 @@ def test_deploy_doc_names_the_files_it_describes():
                  "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         assert name in text, name
         check_variable(name, "docs/deploy.md")
+
+
+@pytest.mark.parametrize("override", ["compose.cpu.yml", "compose.release.yml"])
+def test_compose_overrides_resolve_in_the_code(override):
+    """docker/compose.cpu.yml and docker/compose.release.yml only touch services of docker-compose.yml, and their
+    commands and variables resolve like the main file's."""
+    services = yaml.load((REPO / "docker" / override).read_text(), Loader=ResetLoader)["services"]
+    assert set(services) <= set(load_compose()), override
+    for name, service in services.items():
+        if "command" in service:
+            check_command([compose_value(part) for part in service["command"]], f"{override} {name}")
+        env = {key: compose_value(value) for key, value in (service.get("environment") or {}).items()}
+        for var in env:
+            check_variable(var, f"{override} {name}")
+        check_settings_values(env, f"{override} {name}")

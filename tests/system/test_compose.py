@@ -36,7 +36,8 @@ def test_services_volumes_and_include(compose):
 
 
 def test_build_contexts_and_dockerfiles_exist(compose):
-    """Every build context is a directory and every Dockerfile it names exists; the API image installs no torch."""
+    """Every build context is a directory, every Dockerfile it names exists with the target it asks for, and each
+    COPY source exists; the API image installs no torch and the project --no-deps."""
     for name, service in compose["services"].items():
         build = service.get("build")
         if build is None:
@@ -45,12 +46,16 @@ def test_build_contexts_and_dockerfiles_exist(compose):
         assert context.is_dir(), name
         dockerfile = context / (build.get("dockerfile", "Dockerfile") if isinstance(build, dict) else "Dockerfile")
         assert dockerfile.is_file(), f"{name}: {dockerfile} missing"
-        for source in re.findall(r"^COPY\s+(?:--\S+\s+)*(\S+)", dockerfile.read_text(), flags=re.MULTILINE):
+        text = dockerfile.read_text()
+        if isinstance(build, dict) and build.get("target"):
+            assert re.search(rf"^FROM \S+ AS {re.escape(build['target'])}$", text, re.MULTILINE), name
+        for source in re.findall(r"^COPY\s+(?!--from)(?:--\S+\s+)*(\S+)", text, flags=re.MULTILINE):
             assert (context / source).exists(), f"{name}: COPY source {source} missing"
-    api_dockerfile = (REPO / "docker" / "api.Dockerfile").read_text()
-    requirements = (REPO / "docker" / "requirements-api.txt").read_text().splitlines()
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    api_stage = dockerfile.split("AS api\n", 1)[1].split("\nFROM ", 1)[0]
+    requirements = (REPO / "docker" / "requirements" / "api.txt").read_text().splitlines()
     assert not [line for line in requirements if "torch" in line and not line.lstrip().startswith("#")]
-    assert "--no-deps" in api_dockerfile
+    assert "docker/requirements/api.txt" in api_stage and "--no-deps /dist/" in api_stage
 
 
 def test_every_service_has_a_healthcheck_and_depends_on_healthy_redis(compose):

@@ -439,7 +439,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hub-repo", default=None, metavar="ORG/NAME",
                         help=f"also place the release in the hub cache as this repo (e.g. {TINY_ENTRY.model_id}), "
                              "so `--release ORG/NAME` resolves offline")
+    parser.add_argument("--if-absent", action="store_true",
+                        help="exit 0 without writing when OUT already holds a release that passes check-release "
+                             "(compose's one-shot model-init runs on every `up`)")
     args = parser.parse_args(argv)
+    out = Path(args.out)
+    if args.if_absent and out.is_dir() and any(out.iterdir()):
+        violations = contract.find_violations(out)
+        if violations:
+            print(f"h3batch build-tiny: {out} holds files but no valid release: {violations[0]}", file=sys.stderr)
+            return 2
+        print(f"release already in {out}; nothing written")
+        return 0
     try:
         built = build_tiny_release(args.out, args.hf_cache, args.seed)
     except ValueError as err:

@@ -185,6 +185,22 @@ def test_cli_refuses_non_empty_out_dir(tiny, capsys):
     assert _tree_digest(tiny.release_dir) == before
 
 
+def test_cli_if_absent_keeps_a_valid_release_and_refuses_a_broken_one(tiny, tmp_path, capsys):
+    """`build-tiny --if-absent` (compose's model-init, run on every `up`): a valid release in OUT is kept (exit 0,
+    nothing written); a non-empty OUT that is no valid release exits 2 with one line naming the problem."""
+    before = _tree_digest(tiny.release_dir, tiny.hf_cache)
+    code = tiny_release.main(["--if-absent", "--out", str(tiny.release_dir), "--hf-cache", str(tiny.hf_cache)])
+    assert code == 0 and "nothing written" in capsys.readouterr().out
+    assert _tree_digest(tiny.release_dir, tiny.hf_cache) == before
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "half-written.safetensors").write_bytes(b"x")
+    code = tiny_release.main(["--if-absent", "--out", str(broken), "--hf-cache", str(tmp_path / "hf-cache")])
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(lines) == 1 and "no valid release" in lines[0]
+    assert sorted(p.name for p in broken.iterdir()) == ["half-written.safetensors"]
+
+
 def test_cli_in_a_fresh_process_reproduces_the_build_in_the_default_cache(tiny, tmp_path):
     """`h3batch build-tiny` run as a new process (own hash seed) writes the same bytes, cache at OUT/../hf-cache."""
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_CACHE"}
