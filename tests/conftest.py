@@ -8,12 +8,32 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _tests_only_path() -> str:
+    """A folder whose one entry is `tests`, a link to this suite, for the processes the tests start.
+
+    The suite runs under `python -P` with pytest's importlib mode, so the checkout is on no sys.path and its
+    top-level folders (`kernels/`, ...) cannot shadow installed distributions (docs/development.md). A child that
+    must import a helper by name (a spawned rank running a function of a test module, Schemathesis loading its
+    hooks) finds `tests.*` through this folder and nothing else of the checkout.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="h3batch-tests-path-"))
+    (folder / "tests").symlink_to(REPO / "tests", target_is_directory=True)
+    return str(folder)
+
+
+TESTS_PATH = _tests_only_path()
+sys.path.append(TESTS_PATH)  # a spawned child starts from this process's sys.path
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS_PATH, os.environ.get("PYTHONPATH")]))
 
 
 def free_port() -> int:

@@ -59,7 +59,7 @@ def test_lifecycle_skips_load_validation():
 
 def driver(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-P", "-m", "h3batch.loadrunner.duplex", *args], capture_output=True, text=True,
-                          timeout=60, cwd=cwd or REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+                          timeout=60, cwd=cwd or REPO_ROOT, env=dict(os.environ))
 
 
 @pytest.fixture(scope="module")

@@ -38,8 +38,7 @@ def results_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def sweep_env(redis_url, results_dir) -> dict:
-    return {**os.environ, "H3BATCH_REDIS_URL": redis_url, "H3BATCH_SWEEP_RESULTS_DIR": str(results_dir),
-            "PYTHONPATH": str(REPO_ROOT)}
+    return {**os.environ, "H3BATCH_REDIS_URL": redis_url, "H3BATCH_SWEEP_RESULTS_DIR": str(results_dir)}
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +217,7 @@ def test_import_footprint(code, absent):
     """The API blueprint stays free of torch/numpy/websockets, and the sweep Celery app never imports torch."""
     probe = f"import sys; {code}; print(','.join(m for m in {absent!r} if m in sys.modules))"
     result = subprocess.run([sys.executable, "-P", "-c", probe], capture_output=True, text=True, timeout=60,
-                            cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+                            cwd=REPO_ROOT, env=dict(os.environ))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
 

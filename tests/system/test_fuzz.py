@@ -37,7 +37,7 @@ def test_schemathesis_finds_no_server_error_or_schema_violation(keyed_stack, tmp
     api = keyed_stack.api
     log_start = api.log_path.stat().st_size
     report = tmp_path / "report.json"
-    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.system.fuzz_hooks", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.system.fuzz_hooks"}  # tests.* via conftest.TESTS_PATH
     done = subprocess.run(
         [str(ST), "run", f"{api.base}/openapi.json", "-H", f"Authorization: Bearer {KEY_A}",
          "--checks", "all", "--exclude-checks", "positive_data_acceptance",

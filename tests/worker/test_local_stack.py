@@ -20,7 +20,7 @@ from tests.service_stack import H3BATCH, REPO, free_port, service_env
 def local_env(redis_url: str, db: int, tmp_path, tiny_release) -> dict[str, str]:
     env = service_env(redis_url.rsplit("/", 1)[0] + f"/{db}", tmp_path / "var" / "artifacts",
                       H3BATCH_RELEASE=str(tiny_release), H3BATCH_HF_CACHE=str(tiny_release.parent / "hf-cache"),
-                      H3BATCH_DEVICE="cpu", PYTHONPATH=str(REPO))
+                      H3BATCH_DEVICE="cpu")
     return env
 
 
