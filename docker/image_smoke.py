@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
             return 1
     # h3batch's own metadata names the whole stack (one pyproject): an image installs it --no-deps with its subset,
     # so only the other distributions' requirements are checked.
-    check = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
+    check = subprocess.run([sys.executable, "-P", "-m", "pip", "check"], capture_output=True, text=True)
     broken = [line for line in check.stdout.splitlines()
               if check.returncode != 0 and line and not line.startswith(("h3batch ", "No broken requirements"))]
     if broken:

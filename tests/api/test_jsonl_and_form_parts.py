@@ -18,7 +18,7 @@ from h3batch.api import client_batch
 from tests.api.conftest import KEY_A, auth, key_id
 from tests.service_stack import REPO
 
-CLI = [sys.executable, "-m", "h3batch.cli", "submit"]
+CLI = [sys.executable, "-P", "-m", "h3batch.cli", "submit"]
 CANVAS = {"width": 128, "height": 32, "seconds": 4}
 PROMPTS = ["a bell\u2028then silence", "rain\u0085on a roof", "surf\u2029on a reef"]
 """Prompts holding line breaks other than \\n: valid JSON (raw, unescaped) and accepted by POST /jobs."""

@@ -151,7 +151,7 @@ def test_list_installs_and_imports_in_a_fresh_venv(name, tmp_path):
 
     pip("--require-hashes", "--no-deps", "-r", str(LISTS / f"{name}.txt"))
     wheel_dir = tmp_path / "dist"
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+    built = subprocess.run([sys.executable, "-P", "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                             "--wheel-dir", str(wheel_dir), str(REPO)], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr[-2000:]
     pip("--no-deps", *map(str, wheel_dir.glob("h3batch-*.whl")))
