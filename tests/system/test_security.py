@@ -18,6 +18,7 @@ import requests
 import yaml
 from kombu import Connection, Exchange, Producer
 
+from h3batch.core import routing
 from h3batch.settings import Settings
 from tests.system.conftest import (
     H3BATCH,
@@ -168,11 +169,13 @@ def test_a_pickled_message_is_refused_and_nothing_runs(served):
     stack, _ = served
     r = stack.redis.client()
     victim_id = "job_" + "0" * 24
-    r.hset(f"h3b:job:{victim_id}", mapping={"id": victim_id, "status": "queued", "stage": "queued", "attempt": "0",
-                                           "created_at": repr(time.time()), "seq": "0", "owner": "", "prompt": "p",
-                                           "seconds": "4", "width": "128", "height": "32", "seed": "1"})
+    record = {"id": victim_id, "status": "queued", "stage": "queued", "attempt": "0",
+              "created_at": repr(time.time()), "seq": "0", "owner": "", "prompt": "p",
+              "seconds": "4", "width": "128", "height": "32", "seed": "1"}
+    r.hset(f"h3b:job:{victim_id}", mapping=record)
+    queue = routing.queue_of(record)  # the capability queue the worker consumes (docs/service.md "Routing")
     with Connection(stack.redis.url) as conn:
-        producer = Producer(conn, exchange=Exchange("render", type="direct"), routing_key="render",
+        producer = Producer(conn, exchange=Exchange(queue, type="direct"), routing_key=queue,
                             serializer="pickle")
         producer.publish([[victim_id], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}],
                          headers={"lang": "py", "task": "h3batch.render", "id": "pickled-1", "argsrepr": "pickled"},
