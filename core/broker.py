@@ -16,12 +16,12 @@ KOMBU_PRIORITY_STEPS = (3, 6, 9)
 """kombu's Redis transport keeps priority p > 0 messages of queue q in the list `q\\x06\\x16p` (steps 0, 3, 6, 9)."""
 
 
-def ready_lists(queue: str = defaults.RENDER_QUEUE, prefix: str = "") -> list[str]:
+def ready_lists(queue: str, prefix: str = "") -> list[str]:
     """The Redis lists holding `queue`'s waiting messages, every priority, under the app's key prefix."""
     return [f"{prefix}{queue}"] + [f"{prefix}{queue}{KOMBU_PRIORITY_SEP}{p}" for p in KOMBU_PRIORITY_STEPS]
 
 
-def ready_depth(r: redis.Redis, queue: str = defaults.RENDER_QUEUE, prefix: str = "") -> int:
+def ready_depth(r: redis.Redis, queue: str, prefix: str = "") -> int:
     """Messages waiting in the broker for `queue` (all priorities): the work an idle consumer should be taking."""
     with r.pipeline(transaction=False) as pipe:
         for name in ready_lists(queue, prefix):

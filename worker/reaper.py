@@ -81,7 +81,7 @@ def _job_id_of(raw_message: str | bytes) -> str | None:
         return None
 
 
-def messages_waiting(r: redis.Redis, queue: str = defaults.RENDER_QUEUE) -> set[str]:
+def messages_waiting(r: redis.Redis, queue: str) -> set[str]:
     """Job ids with a render message in the broker's ready lists of `queue` (all priorities)."""
     found: set[str] = set()
     for name in ready_lists(queue):
