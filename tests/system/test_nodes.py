@@ -94,7 +94,10 @@ def test_three_nodes_share_only_redis_and_the_bucket_and_survive_a_lost_node(sta
         for job_id in ids:
             runs = r.hgetall(f"h3b:runs:{job_id}")
             assert completed_events(r, job_id) == 1, job_id
-            assert runs.get("rendered") == "1", (job_id, runs)  # one render ran to its end: no twin execution
+            if job_id == lost_job:  # the kill lands between two polls: the dying attempt may have reached publish
+                assert runs.get("rendered") in ("1", "2"), (job_id, runs)  # (its completion never landed: attempt 2)
+            else:
+                assert runs.get("rendered") == "1", (job_id, runs)  # one render ran to its end: no twin execution
             assert int(runs["started"]) == int(records[job_id]["attempt"]), (job_id, runs)
         assert r.hget(f"h3b:runs:{lost_job}", "requeues") == "1"
 
