@@ -185,6 +185,21 @@ def is_hub_release(text: str) -> bool:
     return HUB_RELEASE_RE.fullmatch(text) is not None and not Path(text).is_dir()
 
 
+COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+
+
+def unpinned_release(text: str) -> str | None:
+    """Why the Hub release `text` is not pinned to a commit (a branch, a tag, or no revision moves under a fleet), or
+    None when it is pinned or is a local directory."""
+    if not is_hub_release(text):
+        return None
+    revision = HUB_RELEASE_RE.fullmatch(text)["revision"]
+    if revision and COMMIT_RE.fullmatch(revision):
+        return None
+    found = f"revision {revision!r}" if revision else "no revision (the branch main)"
+    return f"expected org/name@<40-hex Hub commit>, found {found} in {text!r}"
+
+
 # name, Settings field, default shown in docs, parser, room, doc line. Order: the table in docs/service.md.
 _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = (
     # service (API and worker)
@@ -262,6 +277,9 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
     ("H3BATCH_HF_CACHE", "hf_cache", "<release>/../hf-cache", _path, "worker",
      "Hugging Face cache holding the base VAE and a Hub release (for a Hub release the default is `$HF_HUB_CACHE`; "
      "set `HF_HUB_OFFLINE=1` to forbid downloads)"),
+    ("H3BATCH_REQUIRE_PINNED_RELEASE", "require_pinned_release", "0", _flag, "worker",
+     "refuse a Hub H3BATCH_RELEASE (worker start, `fetch-release`) whose revision is a branch, a tag or absent "
+     "instead of a 40-hex commit, so every node of a fleet serves the same weights"),
     ("H3BATCH_REQUIRE_PINNED_BASE", "require_pinned_base", "0", _flag, "worker",
      "refuse a release whose provenance names its base model by a branch or tag instead of a 40-hex commit"),
     ("H3BATCH_DEVICE", "device", "(auto: cuda if present, else cpu)", _text, "worker",
@@ -393,6 +411,7 @@ class Settings:
     openai_model: str = "FastVideo/FastVideo-FastH3-8-Step-V2"
     hf_cache: Path | None = None
     require_pinned_base: bool = False
+    require_pinned_release: bool = False
     device: str | None = None
     ranks: str = "1"
     text_encoder_placement: str = "auto"
@@ -454,6 +473,8 @@ class Settings:
             raw = env.get(var.name, "").strip()
             if raw:
                 values[var.field] = _PARSERS[var.name](var.name, raw)
+        if values.get("require_pinned_release") and (why := unpinned_release(values.get("release_dir", ""))):
+            raise ConfigError(f"H3BATCH_RELEASE: {why} (H3BATCH_REQUIRE_PINNED_RELEASE is on)")
         if not values.get("worker_name"):
             values["worker_name"] = f"{socket.gethostname()}-{os.getpid()}"
         return cls(**values)

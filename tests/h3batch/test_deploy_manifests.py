@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ import yaml
 from h3batch import cli
 from h3batch.settings import BY_NAME as SETTINGS
 from h3batch.settings import ConfigError, Settings
+from tests.service_stack import H3BATCH
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "deploy" / "k8s" / "h3batch.yaml"
@@ -286,7 +289,10 @@ def test_manifest_variables_exist_in_the_code():
         env = container_env(container, docs, doc["metadata"]["namespace"])
         for name in env:
             check_variable(name, where)
-        check_settings_values({k: v for k, v in env.items() if v is not None}, where)
+        values = {k: v for k, v in env.items() if v is not None}
+        if "@replace-with-" in values.get("H3BATCH_RELEASE", ""):  # the placeholder an operator fills with a commit
+            values["H3BATCH_RELEASE"] = values["H3BATCH_RELEASE"].split("@")[0] + "@" + "ab" * 20
+        check_settings_values(values, where)
 
 
 MANIFEST_TARGETS = {"api": "api", "worker": "worker-cuda", "fetch-release": "worker-cuda"}
@@ -331,6 +337,31 @@ def test_the_release_is_named_once_for_init_and_worker():
     for container in (init, *pod["containers"]):
         env = container_env(container, docs, "h3batch")
         assert env.get("H3BATCH_RELEASE") == release, container["name"]
+
+
+def test_the_manifest_release_is_pinned_or_nothing_starts(tmp_path):
+    """The ConfigMap asks for a pinned release (H3BATCH_REQUIRE_PINNED_RELEASE=1). As shipped, its revision is a
+    placeholder, so the init container's `fetch-release` (a real child process, offline) exits 2 with one line naming
+    the release, and the worker's settings refuse it naming H3BATCH_RELEASE, before anything is fetched. A branch is
+    refused the same way; a 40-hex commit passes the check (and then misses only because this machine is offline)."""
+    docs = load_manifest()
+    data = by_kind(docs, "ConfigMap", "h3batch-config")["data"]
+    assert data["H3BATCH_REQUIRE_PINNED_RELEASE"] == "1"
+    repo = data["H3BATCH_RELEASE"].split("@")[0]
+    env = {**os.environ, "H3BATCH_REQUIRE_PINNED_RELEASE": "1", "HF_HUB_OFFLINE": "1",
+           "HF_HUB_CACHE": str(tmp_path / "hf")}
+    for release in (data["H3BATCH_RELEASE"], f"{repo}@main", repo):
+        with pytest.raises(ConfigError, match=r"^H3BATCH_RELEASE: expected org/name@<40-hex Hub commit>"):
+            Settings.from_env({"H3BATCH_RELEASE": release, "H3BATCH_REQUIRE_PINNED_RELEASE": "1"})
+        done = subprocess.run([*H3BATCH, "fetch-release", release, "--hf-cache", str(tmp_path / "hf")], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2, done
+        assert done.stderr.count("\n") == 1 and "40-hex Hub commit" in done.stderr, done.stderr
+    pinned = f"{repo}@{'0123456789abcdef' * 2}01234567"
+    assert Settings.from_env({"H3BATCH_RELEASE": pinned, "H3BATCH_REQUIRE_PINNED_RELEASE": "1"}).release_dir == pinned
+    done = subprocess.run([*H3BATCH, "fetch-release", pinned, "--hf-cache", str(tmp_path / "hf")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "40-hex" not in done.stderr and "unavailable" in done.stderr, done.stderr
 
 
 # --- docker-compose.yml -----------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from h3batch.cli_args import OneLineArgumentParser
-from h3batch.settings import HUB_RELEASE_RE
+from h3batch.settings import HUB_RELEASE_RE, env_value, unpinned_release
 from h3batch.worker.h3.contract import (
     CONTRACT_FILE,
     MODULAR_INDEX_FILE,
@@ -130,7 +130,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--role", choices=[r.value for r in ReleaseRole], default=ReleaseRole.TEXT.value,
                         help="text: everything a text-encoding rank loads (default); dit: contract + transformer")
     parser.add_argument("--hf-cache", default=None, help="Hugging Face cache (default: $HF_HUB_CACHE)")
+    parser.add_argument("--require-commit", action="store_true",
+                        help="refuse a revision that is not a 40-hex commit (on when H3BATCH_REQUIRE_PINNED_RELEASE is)")
     args = parser.parse_args(argv)
+    if args.require_commit or env_value("H3BATCH_REQUIRE_PINNED_RELEASE"):
+        if why := unpinned_release(args.release):
+            print(f"h3batch fetch-release: release: {why}", file=sys.stderr)
+            return 2
     try:
         resolved = resolve_release(args.release, ReleaseRole(args.role), cache_dir=args.hf_cache)
     except ReleaseRefError as err:
