@@ -200,6 +200,23 @@ def unpinned_release(text: str) -> str | None:
     return f"expected org/name@<40-hex Hub commit>, found {found} in {text!r}"
 
 
+LORA_ALLOW_ENTRY_RE = re.compile(
+    r"(?:(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]{0,63})=)?"
+    r"(?:(?P<path>/\S*)|(?P<repo>[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*)@(?P<revision>[0-9a-f]{40}))")
+"""One H3BATCH_LORA_ALLOW entry: `name=org/repo@<commit>`, `name=/absolute/folder` or a bare `org/repo@<commit>`."""
+
+
+def _lora_allow(name: str, raw: str) -> tuple[str, ...]:
+    # Kept as the entries' text; h3batch.core.loras.policy_of reads them. A folder needs a name to be asked by.
+    entries = tuple(e.strip() for e in raw.split(",") if e.strip())
+    for entry in entries:
+        match = LORA_ALLOW_ENTRY_RE.fullmatch(entry)
+        if match is None or (match["path"] and not match["name"]):
+            raise ConfigError(f"{name}: expected name=org/repo@<40-hex commit>, name=/absolute/folder or "
+                              f"org/repo@<40-hex commit>, found {entry[:120]!r}")
+    return entries
+
+
 # name, Settings field, default shown in docs, parser, room, doc line. Order: the table in docs/service.md.
 _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = (
     # service (API and worker)
@@ -271,6 +288,12 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
     ("H3BATCH_DEFAULT_PRECISION", "default_precision", "bf16", _choice("bf16", "fp8"), "api",
      "precision a job gets when it asks for none: `bf16` (the release's semantics; such a job never lands on an "
      "fp8 worker) or `fp8` (the operator accepts fp8 output for jobs that do not ask); see docs/api.md \"Routing\""),
+    ("H3BATCH_LORA_ALLOW", "lora_allow", "(unset: no per-job LoRAs)", _lora_allow, "service",
+     "per-job LoRA allow-list, comma-separated: `name=org/repo@<40-hex commit>` (a Hub adapter a job names by "
+     "`name`), `name=/absolute/folder` (one on the workers' disk) or `org/repo@<40-hex commit>` (a job names it by "
+     "that reference); anything else in a job's `loras` gets 400 (docs/adapters.md)"),
+    ("H3BATCH_MAX_LORAS", "max_loras", "4", _positive_int, "api",
+     "most adapters one job may name in `loras` (400 too_many_loras above it)"),
     ("H3BATCH_OPENAI_MODEL", "openai_model", "FastVideo/FastVideo-FastH3-8-Step-V2", _text, "api",
      "the `model` name /v1/videos reports and accepts"),
     # worker
@@ -296,6 +319,13 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "DiT precision of this worker: `bf16` (the release's semantics) or `fp8` (opt-in: the DiT block linears in "
      "e4m3 with row-wise scales, quantized once at load; needs a GPU of compute capability >= 8.9; error figures in "
      "docs/performance.md); advertised in its heartbeat, jobs route by it (docs/service.md \"Routing\")"),
+    ("H3BATCH_ADAPTER", "adapter", "(unset: none)", _text, "worker",
+     "the legacy FastH3 four-step adapter fused into the native release's DiT at start: a folder or a Hub repo "
+     "`org/name@revision`; its own steps, sigmas and VSA top-k replace the release's; refused on a V2 release, and "
+     "a tensor that lands on no parameter stops the worker naming its key (docs/adapters.md)"),
+    ("H3BATCH_LORA_CACHE_MB", "lora_cache_mb", "2048", _positive_int, "worker",
+     "bytes of per-job LoRA factors a worker keeps loaded (least recently used first out); a larger adapter fails "
+     "its job"),
     ("H3BATCH_COMPILE_CACHE", "compile_cache", "(unset: the libraries' own per-user temp dirs)", _path, "worker",
      "persistent directory for the TorchInductor and Triton compile caches (mount a volume there: a restarted "
      "worker then skips recompiling; docs/deploy.md)"),
@@ -409,6 +439,8 @@ class Settings:
     metrics_token: str | None = field(default=None, repr=False)  # secret: never in repr or logs
     default_precision: str = "bf16"
     openai_model: str = "FastVideo/FastVideo-FastH3-8-Step-V2"
+    lora_allow: tuple[str, ...] = ()
+    max_loras: int = 4
     hf_cache: Path | None = None
     require_pinned_base: bool = False
     require_pinned_release: bool = False
@@ -416,6 +448,8 @@ class Settings:
     ranks: str = "1"
     text_encoder_placement: str = "auto"
     precision: str = "bf16"
+    adapter: str | None = None
+    lora_cache_mb: int = 2048
     compile_cache: Path | None = None
     worker_name: str = ""
     stall_s: float = 60.0
