@@ -27,7 +27,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     """Build the API: defaults from the one Settings (H3BATCH_* env vars, read here once), overlaid by `config`
     (tests), then the blueprints. Every module reads its knobs from `app.config`, never from the environment."""
     from h3batch.api.ratelimit import RateLimits  # noqa: PLC0415
-    from h3batch.core import defaults  # noqa: PLC0415
+    from h3batch.core import defaults, loras  # noqa: PLC0415
     from h3batch.core.webhook_urls import WebhookSettings  # noqa: PLC0415
 
     app = Flask(__name__)
@@ -42,6 +42,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         SWEEP_RESULTS_DIR=str(settings.sweep_results_dir),
         RATE_LIMITS=RateLimits(settings.rate_creates_per_min, settings.rate_reads_per_min),
         WEBHOOKS=WebhookSettings.from_settings(settings),
+        LORA_POLICY=loras.policy_of(settings.lora_allow, settings.max_loras),
     )
 
     app.config["MAX_CONTENT_LENGTH"] = defaults.MAX_BODY_BYTES

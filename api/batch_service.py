@@ -157,7 +157,8 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
                 refuse("custom_id", f"custom_id: {custom_id!r} is used by an earlier line; it must be unique")
                 continue
         try:
-            req = job_service.validate_create(body, max_prompt_chars=max_prompt_chars, canvas=canvas)
+            req = job_service.validate_create(body, max_prompt_chars=max_prompt_chars, canvas=canvas,
+                                              lora_policy=caller.lora_policy)
             if req.webhook_url is not None:
                 caller.vet_webhook_url(req.webhook_url)
         except FieldError as exc:
@@ -179,9 +180,14 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
                 "task" if message.startswith("task") else "precision")
             over.append({"line": line, "field": field, "message": f"{code}: {message}"})
             continue
+        why = job_service.lora_base_refusal(fleet, req)
+        if why is not None:  # as POST /jobs answers 422 lora_base_mismatch
+            over.append({"line": line, "field": "loras", "message": f"lora_base_mismatch: {why}"})
+            continue
         spec = JobSpec(prompt=req.prompt, seconds=float(req.seconds), width=req.width, height=req.height,
                        seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
-                       owner=caller.owner, webhook_url=req.webhook_url, task=need.task, precision=need.precision)
+                       owner=caller.owner, webhook_url=req.webhook_url, task=need.task, precision=need.precision,
+                       loras=tuple(req.lora_records))
         items.append(batches.Item(spec=spec, index=index, custom_id=custom_id))
     form = {"requests": canonical, "refused": refused, "metadata": sub.metadata, "on_invalid": sub.on_invalid,
             "webhook_url": sub.webhook_url}

@@ -22,8 +22,8 @@ from pydantic import ValidationError
 
 from h3batch.api import idempotency
 from h3batch.api.errors import ApiError
-from h3batch.api.schemas import CreateJob, first_error
-from h3batch.core import capacity, defaults, keys, routing
+from h3batch.api.schemas import LORA_CODES, CreateJob, first_error
+from h3batch.core import capacity, defaults, keys, loras, routing
 from h3batch.core import jobs as store
 from h3batch.core.artifact_store import ArtifactStore, LocalStore, StoredObject, StoreUnavailable
 from h3batch.core.jobs import FINISHED, BadCursor, JobSpec, JobStatus
@@ -37,11 +37,11 @@ _FINISHED = frozenset(s.value for s in FINISHED)
 
 
 _ERROR_CODES = {"extra_forbidden": "unsupported_parameter", "unsupported_size": "unsupported_size",
-                "unsupported_duration": "unsupported_duration"}
+                "unsupported_duration": "unsupported_duration", **{code: code for code in LORA_CODES}}
 _OWN_MESSAGES = ("unsupported_size", "unsupported_duration", "empty_prompt", "prompt_too_long", "invalid_text",
-                 "bool_refused")
+                 "bool_refused", "invalid_lora", *LORA_CODES)
 """Validation errors whose message already names the field."""
-_NAMED = re.compile(r"^([a-z_]+):")
+_NAMED = re.compile(r"^([a-z_]+)[:\[.]")  # "prompt: ...", "loras[0].ref: ..."
 
 
 class FieldError(ApiError):
@@ -52,15 +52,18 @@ class FieldError(ApiError):
         self.field = field
 
 
-def validate_create(body: dict, *, max_prompt_chars: int, canvas: str | None) -> CreateJob:
-    """A create body as CreateJob, by the request contract (core/geometry.py, core/request_rules.py through
-    api/schemas.py). FieldError 400 naming the first bad field (unsupported_parameter for unknown ones)."""
+def validate_create(body: dict, *, max_prompt_chars: int, canvas: str | None,
+                    lora_policy: loras.LoraPolicy | None = None) -> CreateJob:
+    """A create body as CreateJob, by the request contract (core/geometry.py, core/request_rules.py, core/loras.py
+    against `lora_policy` through api/schemas.py). FieldError 400 naming the first bad field (unsupported_parameter
+    for unknown ones; the core/loras.py codes for a refused `loras`)."""
     try:
-        return CreateJob.model_validate(body, context={"max_prompt_chars": max_prompt_chars, "canvas": canvas})
+        return CreateJob.model_validate(body, context={"max_prompt_chars": max_prompt_chars, "canvas": canvas,
+                                                       "loras": lora_policy})
     except ValidationError as exc:
         kind, where, message = first_error(exc)
         if kind == "extra_forbidden":
-            message = f"{where}: unknown field (accepted: prompt, seconds, width, height, aspect_ratio, seed, release, webhook_url, precision, task)"
+            message = f"{where}: unknown field (accepted: prompt, seconds, width, height, aspect_ratio, seed, release, webhook_url, precision, task, loras)"
         elif kind not in _OWN_MESSAGES:
             message = f"{where}: {message}"
         named = _NAMED.match(message)
@@ -105,6 +108,8 @@ class Caller:
     """Where finished MP4s live (H3BATCH_ARTIFACT_STORE); None: the local `artifacts_dir`."""
     default_precision: str = routing.DEFAULT_PRECISION
     """The precision of a job that asks for none (H3BATCH_DEFAULT_PRECISION)."""
+    lora_policy: loras.LoraPolicy | None = None
+    """The per-job LoRA allow-list and limit (H3BATCH_LORA_ALLOW, H3BATCH_MAX_LORAS); None: no adapter allowed."""
 
     @property
     def artifacts(self) -> ArtifactStore:
@@ -161,12 +166,13 @@ def _create_and_enqueue(caller: Caller, req: CreateJob, api: str) -> dict[str, A
     queue_full or storage_unavailable."""
     need = need_of(req, caller.default_precision)
     check_capacity(caller.r, need)  # before anything is written
+    check_lora_base(capacity.fleet(caller.r), req)
     if req.webhook_url is not None:
         caller.vet_webhook_url(req.webhook_url)  # before anything is written
     spec = JobSpec(prompt=req.prompt, seconds=float(req.seconds), width=req.width, height=req.height,
                    seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
                    owner=caller.owner, webhook_url=req.webhook_url, api=api, task=need.task,
-                   precision=need.precision)
+                   precision=need.precision, loras=tuple(req.lora_records))
     try:  # caps and write in one step
         record = store.create_job(caller.r, spec, max_queued=caller.max_queued,
                                   max_active_per_key=caller.max_active_per_key if caller.owner else 0)
@@ -220,6 +226,23 @@ def check_capacity(r: redis.Redis, need: routing.Need) -> None:
     refused = over_capacity(capacity.fleet(r), need)
     if refused is not None:
         raise ApiError(422, refused[0], refused[1], False)
+
+
+def lora_base_refusal(fleet: capacity.Fleet | None, req: CreateJob) -> str | None:
+    """Why a job with `loras` cannot be served by `fleet` (no worker of a release kind that takes adapters; with
+    nothing known, the release's own kind, V2), else None."""
+    if not req.lora_records:
+        return None
+    # Nothing known: the release of a worker that advertises no kind, FastH3 V2.
+    kinds = [cap.release_kind for cap in fleet.capabilities] if fleet is not None else ["v2"]
+    return loras.base_refusal(kinds)
+
+
+def check_lora_base(fleet: capacity.Fleet | None, req: CreateJob) -> None:
+    """422 lora_base_mismatch when the fleet's releases take no adapters (core/loras.base_refusal)."""
+    why = lora_base_refusal(fleet, req)
+    if why is not None:
+        raise ApiError(422, loras.BASE_MISMATCH, f"loras: {why}", False)
 
 
 def over_capacity(fleet: capacity.Fleet | None, need: routing.Need) -> tuple[str, str] | None:

@@ -38,7 +38,8 @@ _EVENT_BLOCK_MS = int(POLL_S * 1000)  # one XREAD BLOCK; between two looks at th
 def _validated(body: dict) -> CreateJob:
     """The create body as CreateJob. 400 naming the first bad field (unsupported_parameter for unknown ones)."""
     return job_service.validate_create(body, max_prompt_chars=current_app.config["MAX_PROMPT_CHARS"],
-                                       canvas=current_app.config.get("CANVAS"))
+                                       canvas=current_app.config.get("CANVAS"),
+                                       lora_policy=current_app.config.get("LORA_POLICY"))
 
 
 def _requested_wait() -> float:

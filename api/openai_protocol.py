@@ -23,8 +23,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from h3batch.api.errors import ApiError
 from h3batch.api.job_service import Vocabulary
-from h3batch.api.schemas import CreateJob, first_error
-from h3batch.core import defaults, request_rules
+from h3batch.api.schemas import LORA_CODES, CreateJob, first_error
+from h3batch.core import defaults, loras, request_rules
 from h3batch.core.geometry import ASPECT_RATIOS, FPS, GeometryError, RequestGeometry, nearest_canvas, shown
 from h3batch.core.jobs import FINISHED, JobStatus
 
@@ -43,7 +43,7 @@ _UNSUPPORTED = {
     "negative_prompt": "FastH3 V2 runs without CFG, so a negative prompt would have no effect",
     "boundary_ratio": "FastH3 V2 has a single expert; boundary_ratio applies to two-expert models",
     "sound_duration": "the audio always spans the video; set `seconds` instead",
-    "lora": "FastH3 V2 does not support per-request LoRA",
+    "lora": "name per-job adapters as `loras: [{\"ref\": ..., \"scale\": ...}]` (docs/adapters.md)",
     "video_params": "send width, height, num_frames and fps as top-level fields",
 }
 _SAMPLER_INTS = ("num_inference_steps",)
@@ -51,7 +51,7 @@ _FLOAT_FIELDS = ("guidance_scale", "flow_shift", "audio_flow_shift")
 _INT_FIELDS = ("seed", "width", "height", "num_frames", "fps")
 _ACCEPTED = ("prompt", "model", "seconds", "size", "user", "width", "height", "num_frames", "fps", "seed",
              "num_inference_steps", "guidance_scale", "flow_shift", "audio_flow_shift", "generate_sound",
-             "extra_params", "webhook_url", "release", "aspect_ratio", "precision", *_NO_CFG_FIELDS)
+             "extra_params", "webhook_url", "release", "aspect_ratio", "precision", "loras", *_NO_CFG_FIELDS)
 
 
 # --- the create body as JSON Schema (GET /openapi.json) ---
@@ -102,6 +102,10 @@ def create_body_schema(model_id: str = DEFAULT_MODEL_ID) -> dict[str, Any]:
                                            "(opt-in); only workers of that precision render it"),
         "aspect_ratio": _optional({"type": "string", "enum": list(ASPECT_RATIOS)},
                                   description="instead of size: the release's trained bucket"),
+        "loras": _optional({"type": "array", "items": {"type": "object"}}, {"type": "string"},
+                           description="h3batch extension (the SDK's extra_body): per-job LoRAs [{ref, scale}] on the "
+                                       "native release, or that list as JSON text in a multipart part; see "
+                                       "docs/adapters.md"),
     }
     return {"type": "object", "required": ["prompt"], "properties": properties}
 
@@ -241,7 +245,19 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
     return {"prompt": fields["prompt"], "seconds": seconds, **size, "seed": ints.get("seed"),
             "release": _as_text("release", fields.get("release")),
             **({"precision": fields["precision"]} if fields.get("precision") not in (None, "") else {}),
-            "webhook_url": _as_text("webhook_url", fields.get("webhook_url"))}
+            "webhook_url": _as_text("webhook_url", fields.get("webhook_url")),
+            **({"loras": _as_loras(fields["loras"])} if fields.get("loras") not in (None, "") else {})}
+
+
+def _as_loras(value: Any) -> Any:
+    """`loras` as sent: a JSON list (JSON body, the SDK's extra_body) or its JSON text (a multipart part); the list
+    itself is checked by CreateJob (core/loras.py)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise _bad("loras", "expected a JSON list of {\"ref\", \"scale\"} objects") from None
+    return value
 
 
 def _as_text(field: str, value: Any) -> str | None:
@@ -290,15 +306,19 @@ _OWN_MESSAGES = ("unsupported_size", "unsupported_duration", "empty_prompt", "pr
 """Validation errors whose message already names the field."""
 
 
-def validated(fields: dict[str, Any], max_prompt_chars: int, canvas: str | None = None) -> CreateJob:
-    """parse_create's fields as CreateJob (`canvas`: a CANVAS_PROFILES name for the default size). 400
-    unsupported_size / unsupported_duration / invalid_request."""
+def validated(fields: dict[str, Any], max_prompt_chars: int, canvas: str | None = None,
+              lora_policy: loras.LoraPolicy | None = None) -> CreateJob:
+    """parse_create's fields as CreateJob (`canvas`: a CANVAS_PROFILES name for the default size; `lora_policy`: the
+    per-job LoRA allow-list). 400 unsupported_size / unsupported_duration / invalid_request / the core/loras.py
+    codes."""
     try:
-        return CreateJob.model_validate(fields, context={"max_prompt_chars": max_prompt_chars, "canvas": canvas})
+        return CreateJob.model_validate(fields, context={"max_prompt_chars": max_prompt_chars, "canvas": canvas,
+                                                         "loras": lora_policy})
     except ValidationError as exc:
         kind, where, message = first_error(exc)
-        code = kind if kind in ("unsupported_size", "unsupported_duration") else "invalid_request"
-        raise ApiError(400, code, message if kind in _OWN_MESSAGES else f"{where}: {message}") from None
+        code = kind if kind in ("unsupported_size", "unsupported_duration", *LORA_CODES) else "invalid_request"
+        own = kind in _OWN_MESSAGES or kind in LORA_CODES or kind == "invalid_lora"
+        raise ApiError(400, code, message if own else f"{where}: {message}") from None
 
 
 # --- the video object ---
@@ -334,6 +354,7 @@ class VideoObject(BaseModel):
     metadata: dict[str, Any] | None = None
     webhook_url: str | None = None
     webhook_deliveries: list[dict[str, Any]] | None = None
+    loras: list[dict[str, Any]] | None = None
     h3batch_status: str = Field(description="The native status (adds cancelled, expired).")
 
 
@@ -375,7 +396,7 @@ def video_object(record: dict[str, Any], position: int | None, model: str) -> di
         "stage_durations": timings, "worker": record.get("worker"), "cancel_reason": record.get("cancel_reason"),
         "release_id": record.get("release_id") or meta.get("release_id"), "metadata": record.get("metadata"),
         "webhook_url": record.get("webhook_url"), "webhook_deliveries": record.get("webhook_deliveries"),
-        "h3batch_status": status,
+        "loras": record.get("loras") or None, "h3batch_status": status,
     }).model_dump(mode="json")
 
 

@@ -59,7 +59,7 @@ def create_video():
     """Create a video job (JSON or multipart). 202 video object; 400 unsupported_parameter / model_not_found /
     unsupported_size / unsupported_duration; 422 invalid_webhook_url / exceeds_worker_capacity; 503 queue_full."""
     req = validated(parse_create(_raw_fields(), model_id()), current_app.config["MAX_PROMPT_CHARS"],
-                    current_app.config.get("CANVAS"))
+                    current_app.config.get("CANVAS"), current_app.config.get("LORA_POLICY"))
     record, replayed = job_service.create_job(job_http.caller(), req, VIDEOS,
                                               idempotency.parse_key(request.headers.get("Idempotency-Key")),
                                               idempotency.fingerprint({"v1": req.model_dump(mode="json")}))

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
-from h3batch.core import defaults, routing
+from h3batch.core import defaults, loras, routing
 from h3batch.core.geometry import (
     ASPECT_RATIOS,
     CANVAS_PROFILES,
@@ -38,10 +39,27 @@ AspectRatio = Literal["16:9", "9:16", "1:1", "4:3", "3:4"]
 """core.geometry.ASPECT_RATIOS as a schema type (tests check the two agree)."""
 
 
+class LoraItem(BaseModel):
+    """One per-job adapter: an allow-listed name or org/repo@<40-hex commit>, and its weight (docs/adapters.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ref: str = Field(min_length=1, max_length=300, description="An adapter name from the server's allow-list "
+                     "(H3BATCH_LORA_ALLOW), or a Hub reference `org/repo@<40-hex commit>` it lists. Never a URL.")
+    # The range is checked by core/loras.py (400 lora_scale_out_of_range); the keywords only document it.
+    scale: float = Field(1.0, json_schema_extra={"minimum": -loras.MAX_SCALE, "maximum": loras.MAX_SCALE},
+                         description="Weight of the adapter's delta (diffusers' set_adapters weight).")
+
+
+LORA_CODES = ("too_many_loras", "unknown_lora", "lora_revision_not_allowed", "lora_scale_out_of_range")
+"""core.loras' request codes: validation errors of these kinds keep their code and message."""
+
+
 class CreateJob(BaseModel):
     """POST /jobs body. Unknown fields are refused (400 unsupported_parameter)."""
 
     model_config = ConfigDict(extra="forbid")
+    _lora_records: list[dict[str, Any]] | None = PrivateAttr(None)
 
     # minLength/pattern/maxLength document the checks `_prompt_ok` makes (it words the errors better than pydantic).
     prompt: str = Field(description="What the clip shows and sounds like; not empty.",
@@ -70,6 +88,12 @@ class CreateJob(BaseModel):
                                         "server's default (bf16 unless the operator set H3BATCH_DEFAULT_PRECISION). "
                                         "The job goes only to workers of that precision; 422 no_capable_worker when "
                                         "no live worker renders it.")
+    loras: list[LoraItem] | None = Field(None, json_schema_extra={"maxItems": loras.DEFAULT_MAX_LORAS},
+                                         description="Per-job LoRAs on the native MiniMax-H3 release, applied for this "
+                                         "job only: up to H3BATCH_MAX_LORAS (default 4) of {ref, scale}. 400 "
+                                         "unknown_lora, lora_revision_not_allowed, too_many_loras, "
+                                         "lora_scale_out_of_range; 422 lora_base_mismatch when no live worker serves "
+                                         "a release that takes adapters (FastH3 V2 takes none).")
     task: Task = Field(routing.DEFAULT_TASK, description="Workflow: `t2va` (text to video with sound). A task no "
                        "live worker serves gets 422 no_capable_worker naming what the fleet serves.")
 
@@ -133,6 +157,25 @@ class CreateJob(BaseModel):
         except GeometryError as exc:
             raise PydanticCustomError("unsupported_size", "{detail}", {"detail": str(exc)}) from None
         return {"width": width, "height": height, **data}
+
+    @model_validator(mode="after")
+    def _loras_allowed(self, info: ValidationInfo) -> "CreateJob":
+        # The whole rule is core/loras.py, against the API's allow-list (context `loras`); what it resolved each item
+        # to (Hub repo and commit, or the worker's folder) is what the job record keeps (`lora_records`).
+        if self.loras is not None:
+            policy = (info.context or {}).get("loras") or loras.LoraPolicy({})
+            items = [{"ref": item.ref, "scale": item.scale} for item in self.loras]
+            try:
+                self._lora_records = loras.check_loras(items, policy)
+            except loras.LoraError as exc:
+                raise PydanticCustomError(exc.code if exc.code in LORA_CODES else "invalid_lora", "{message}",
+                                          {"message": str(exc)}) from None
+        return self
+
+    @property
+    def lora_records(self) -> list[dict[str, Any]]:
+        """The checked adapters as the job record keeps them ([] without `loras`)."""
+        return list(getattr(self, "_lora_records", None) or [])
 
     @model_validator(mode="after")
     def _geometry_supported(self) -> "CreateJob":
@@ -229,6 +272,8 @@ class Job(BaseModel):
                                                              "release_id, contract_hash, gpu, library versions.")
     webhook_url: str | None = None
     webhook_deliveries: list[dict[str, Any]] | None = Field(None, description="One entry per webhook attempt.")
+    loras: list[dict[str, Any]] | None = Field(None, description="Per-job LoRAs as accepted: ref, scale and the Hub "
+                                               "repo + commit (or worker folder) each resolved to.")
     links: JobLinks
 
 
@@ -261,7 +306,7 @@ def job_view(record: dict[str, Any], queue_position: int | None) -> dict[str, An
         attempt=record.get("attempt") or 0, worker=record.get("worker"),
         cancel_reason=record.get("cancel_reason"), cancelled_at_stage=record.get("cancelled_at_stage"),
         error=record.get("error"), metadata=record.get("metadata"), webhook_url=record.get("webhook_url"),
-        webhook_deliveries=record.get("webhook_deliveries"),
+        webhook_deliveries=record.get("webhook_deliveries"), loras=record.get("loras") or None,
         links=JobLinks(self=f"/jobs/{job_id}", content=f"/jobs/{job_id}/content", cancel=f"/jobs/{job_id}/cancel",
                        events=f"/jobs/{job_id}/events"),
     )

@@ -170,6 +170,8 @@ def create_batch(r: redis.Redis, owner: str, items: list[Item], *, metadata: dic
             "task": spec.task, "precision": spec.precision}
         if spec.webhook_url:
             record["webhook_url"] = spec.webhook_url
+        if spec.loras:
+            record["loras"] = list(spec.loras)
         if item.custom_id is not None:
             record["custom_id"] = item.custom_id
         pairs = [x for pair in store._encode(record).items() for x in pair]

@@ -49,6 +49,20 @@ class ExceedsWorkerCapacity(JobError):
     code = "exceeds_worker_capacity"
 
 
+class LoraBaseMismatch(JobError):
+    """The job names per-job LoRAs this worker's release cannot take (a FastH3 V2 release takes none; an adapter whose
+    tensors do not fit the served DiT); the API refuses the first case up front with 422 of the same code."""
+
+    code = "lora_base_mismatch"
+
+
+class LoraUnavailable(JobError):
+    """An accepted adapter could not be loaded on the worker (not in the Hub cache and downloads off, a folder gone)."""
+
+    code = "lora_unavailable"
+    retryable = True
+
+
 class NoCapableWorker(JobError):
     """The job needs a task or precision this worker does not serve (core/routing.py); routing sends it only to
     workers that do and the API refuses it up front with 422 of the same code, so a worker sees one only when a

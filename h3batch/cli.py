@@ -22,6 +22,11 @@ def _build_tiny(argv: list[str]) -> int:
     return tiny_release.main(argv)
 
 
+def _build_tiny_adapters(argv: list[str]) -> int:
+    from h3batch.worker.h3 import tiny_adapters
+    return tiny_adapters.main(argv)
+
+
 def _check_release(argv: list[str]) -> int:
     from h3batch.worker.h3 import contract
     return contract.main(argv)
@@ -89,6 +94,8 @@ def _beat(argv: list[str]) -> int:
 
 COMMANDS: tuple[Command, ...] = (
     Command("build-tiny", "write the deterministic tiny release in the exact V2 layout", _build_tiny),
+    Command("build-tiny-adapters", "write deterministic tiny adapters (per-job LoRAs, the legacy FastH3 one)",
+            _build_tiny_adapters),
     Command("check-release", "validate a release directory against the checkpoint contract", _check_release),
     Command("fetch-release", "fetch a Hub release (org/name@revision) into the HF cache, print its folder",
             _fetch_release),

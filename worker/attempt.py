@@ -23,6 +23,7 @@ from h3batch.core.exceptions import (
     GpuOutOfMemory,
     InvalidRequest,
     JobError,
+    LoraBaseMismatch,
     NoCapableWorker,
     ReleaseMismatch,
 )
@@ -127,6 +128,10 @@ class Attempt:
         if serves is not None and (task not in serves.tasks or precision != serves.precision):
             raise NoCapableWorker(f"this worker serves {'/'.join(serves.tasks)} in {serves.precision}; the job needs "
                                   f"{task} in {precision}")
+        if record.get("loras") and not getattr(pipeline, "takes_loras", False):
+            raise LoraBaseMismatch(f"loras: this worker serves {pipeline.release_id!r}, a release that takes no "
+                                   "adapters (FastH3 V2 is a full checkpoint); per-job LoRAs need the native "
+                                   "MiniMax-H3 release")
         self.meta = job_metadata.for_job(record, release_id=pipeline.release_id,
                                          contract_hash=getattr(pipeline, "contract_hash", ""),
                                          device=str(getattr(pipeline, "device", "") or settings.device or "") or None,

@@ -12,7 +12,7 @@ import json
 from importlib import metadata as importlib_metadata
 from typing import Any
 
-from h3batch.core import request_rules
+from h3batch.core import loras, request_rules
 from h3batch.core.geometry import FPS, RequestGeometry
 
 LIBRARIES = ("torch", "diffusers", "transformers", "h3batch", "av")
@@ -56,7 +56,8 @@ def for_job(record: dict[str, Any], *, release_id: str, contract_hash: str, devi
     runtime = runtime_info(device)
     return {"job_id": record["id"], "seed": record["seed"], "parameters": resolved_parameters(record),
             "release_id": release_id, "contract_hash": contract_hash, "provenance": dict(provenance or {}),
-            "gpu": runtime["gpu"], "device": runtime["device"], "ranks": ranks, "versions": dict(runtime["versions"])}
+            "gpu": runtime["gpu"], "device": runtime["device"], "ranks": ranks, "versions": dict(runtime["versions"]),
+            **({"loras": list(record["loras"])} if record.get("loras") else {})}
 
 
 def mp4_tags(meta: dict[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -65,6 +66,8 @@ def mp4_tags(meta: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     provenance = meta.get("provenance") or {}
     commits = tuple((f"h3batch_{name}", provenance[name]) for name in ("base_commit", "release_commit")
                     if provenance.get(name))
+    adapters = loras.mp4_tag(meta.get("loras"))  # each per-job LoRA with its commit (or folder) and scale
+    commits += ((("h3batch_loras", adapters),) if adapters else ())
     return (("h3batch_job_id", meta["job_id"]),
             ("h3batch_parameters", json.dumps(meta["parameters"], separators=(",", ":"), sort_keys=True)),
             ("h3batch_gpu", meta["gpu"]),

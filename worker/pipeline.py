@@ -226,6 +226,7 @@ class Pipeline:
         self.canvas = info.canvas  # default size and bucket budget of this release (callers resolve sizes with it)
         self.write_options = write_options or WriteOptions()
         self.memory_plan: memory_plan.MemoryPlan | None = None  # set by `load`; None for a DiT-only rank
+        self.takes_loras = False  # FastH3 V2 is a full checkpoint: per-job LoRAs are refused (docs/adapters.md)
 
     @property
     def precision(self) -> str:
@@ -238,7 +239,7 @@ class Pipeline:
     def load(cls, release: str | Path, *, device: str | torch.device | None = None,
              hf_cache: str | Path | None = None, require_pinned_base: bool = False,
              warm_up: Sequence[RenderRequest] | None = None, text_placement: str = "auto",
-             ranks: int = 1, precision: str = "bf16") -> Pipeline:
+             ranks: int = 1, precision: str = "bf16", adapter: str | None = None) -> Pipeline:
         """Resolve the release (a directory or a Hub reference), validate it, fetch the base VAEs at the provenance
         revision and load every model; raises ValueError on any violation (the reference, contract and fetch errors
         are one line naming what failed).
@@ -252,7 +253,10 @@ class Pipeline:
         worker/h3/text_placement.py) and is kept as `memory_plan` (its `max_rows` is what this worker serves).
 
         `precision` is H3BATCH_PRECISION (worker/h3/precision.py): `bf16` loads the DiT as released; `fp8`
-        quantizes its block linears once, after loading (refused before any loading on a GPU without e4m3 GEMMs)."""
+        quantizes its block linears once, after loading (refused before any loading on a GPU without e4m3 GEMMs).
+
+        `adapter` is H3BATCH_ADAPTER, the legacy FastH3 adapter: refused on this (FastH3 V2) release with a
+        LegacyAdapterError (a ValueError) naming the variable."""
         from h3batch.worker.h3.precision import apply_precision, check_device, check_precision
         from h3batch.worker.h3.text_encoder import TextEncoder
         from h3batch.worker.h3.text_placement import place_text_encoder
@@ -263,6 +267,10 @@ class Pipeline:
         resolved = release_ref.resolve_release(release, release_ref.ReleaseRole.TEXT, cache_dir=hf_cache)
         info = contract.validate_release(resolved.path, require_pinned_base=require_pinned_base)
         log.info("release %s: %s", info.model_id, info.startup_log_line)
+        if adapter:  # H3BATCH_ADAPTER edits the native base only (docs/adapters.md); refused before any weight loads
+            from h3batch.worker.h3.legacy_adapter import refuse_on_full_checkpoint
+
+            refuse_on_full_checkpoint(getattr(info, "kind", None) or "v2")
         base = base_vae_fetch.resolve_base_vaes(info, cache_dir=hf_cache, require_pinned=require_pinned_base)
         provenance = provenance_of(info, resolved, base)
         log.info("release %s commit %s; base %s@%s resolved to commit %s", provenance["release"],

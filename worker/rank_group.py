@@ -74,19 +74,23 @@ def ranks_from_env(environ: dict[str, str] | None = None) -> int:
 
 def load_pipeline(release_dir: str | Path, *, ranks: int = 1, device: str | torch.device | None = None,
                   hf_cache: str | Path | None = None, require_pinned_base: bool = False,
-                  text_placement: str = "auto", precision: str = "bf16") -> Pipeline | RankGroupPipeline:
+                  text_placement: str = "auto", precision: str = "bf16",
+                  adapter: str | None = None) -> Pipeline | RankGroupPipeline:
     """A resident pipeline: the plain in-process `Pipeline` for ranks = 1, a `RankGroupPipeline` for more.
 
     Both offer release_id, contract_hash, memory_plan, validate(req), render(req, out_path, on_progress=,
     should_cancel=), close(). `text_placement` is H3BATCH_TEXT_ENCODER_PLACEMENT (worker/h3/memory_plan.py),
-    `precision` H3BATCH_PRECISION (worker/h3/precision.py), the same on every rank.
+    `precision` H3BATCH_PRECISION (worker/h3/precision.py), the same on every rank; `adapter` H3BATCH_ADAPTER
+    (worker/h3/legacy_adapter.py; one rank only for now).
     Raises ValueError for a bad rank count or release (the contract and loader errors name the field).
     """
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks: expected a positive integer, got {ranks!r}")
+    if adapter and ranks > 1:
+        raise ValueError("H3BATCH_ADAPTER: the legacy FastH3 adapter is fused on one rank only (H3BATCH_RANKS=1)")
     if ranks == 1:
         return Pipeline.load(release_dir, device=device, hf_cache=hf_cache, require_pinned_base=require_pinned_base,
-                             text_placement=text_placement, precision=precision)
+                             text_placement=text_placement, precision=precision, adapter=adapter)
     return RankGroupPipeline.start(release_dir, ranks=ranks, device=device, hf_cache=hf_cache,
                                    require_pinned_base=require_pinned_base, text_placement=text_placement,
                                    precision=precision)

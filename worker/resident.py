@@ -64,7 +64,8 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
         # ranks = 1: the plain in-process Pipeline; more: a resident rank group (spawned, one GPU each).
         pipeline = load_pipeline(settings.release_dir, ranks=ranks, device=settings.device,
                                  hf_cache=settings.hf_cache_dir, require_pinned_base=settings.require_pinned_base,
-                                 text_placement=settings.text_encoder_placement, precision=settings.precision)
+                                 text_placement=settings.text_encoder_placement, precision=settings.precision,
+                                 adapter=settings.adapter)
         load_s = time.perf_counter() - started
         loads = int(r.hincrby(keys.STATS, "model_loads", 1))
         sender = make_celery(settings.redis_url, max_run_s=settings.max_run_s)

@@ -143,3 +143,17 @@ def test_the_document_names_the_model_this_server_serves(tmp_path):
     assert validator.is_valid({"prompt": "a fox", "model": "example-org/other-model"})
     assert not validator.is_valid({"prompt": "a fox", "model": DEFAULT_MODEL_ID})
     assert parse_create({"prompt": "a fox", "model": "example-org/other-model"}, "example-org/other-model")
+
+
+def test_the_document_states_loras_on_both_create_routes():
+    """POST /jobs' schema has `loras` as a list of {ref, scale} (no other keys) with the documented codes; /v1/videos'
+    body takes it as a list or its JSON text; a job and a video show the resolved adapters."""
+    schemas = model_schemas()
+    job = schemas["CreateJob"]["properties"]["loras"]
+    assert "lora_base_mismatch" in job["description"] and "unknown_lora" in job["description"]
+    item = schemas["LoraItem"]
+    assert set(item["properties"]) == {"ref", "scale"} and item["additionalProperties"] is False
+    assert item["properties"]["scale"]["maximum"] == 4.0
+    videos = create_body_schema()["properties"]["loras"]
+    assert {"type": "array", "items": {"type": "object"}} in videos["anyOf"]
+    assert "loras" in schemas["Job"]["properties"]

@@ -67,3 +67,18 @@ def test_bad_port_argument_exits_2(redis_url, tmp_path):
     """An unparsable --port is one line, exit 2 (not argparse's two-line usage dump)."""
     env = service_env(redis_url, tmp_path / "art")
     assert_one_line_exit_2(run_cli(["api", "--port", "eighty"], env), "--port")
+
+
+def test_legacy_adapter_on_a_v2_release_exits_2(redis_url, tiny_release, tmp_path):
+    """H3BATCH_ADAPTER on the (V2) tiny release stops the worker at start (exit 2) with one error line naming the variable and why:
+    V2 is a full checkpoint, the adapter edits the native base."""
+    from h3batch.worker.h3.config import T2
+    from h3batch.worker.h3.tiny_adapters import write_tiny_legacy_adapter
+
+    adapter = write_tiny_legacy_adapter(tmp_path / "legacy-fasth3", T2)
+    env = service_env(redis_url, tmp_path / "art", H3BATCH_RELEASE=str(tiny_release), H3BATCH_ADAPTER=str(adapter))
+    done = run_cli(["worker"], env)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    refusal = [line for line in done.stderr.splitlines() if line.startswith("h3batch worker: ")]
+    assert len(refusal) == 1 and refusal[0].startswith("h3batch worker: H3BATCH_ADAPTER: the served release is 'v2'")
+    assert "native MiniMax-H3 release only" in refusal[0]

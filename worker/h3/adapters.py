@@ -285,3 +285,62 @@ class LoraCache:
             while sum(w.nbytes for w in self._entries.values()) > self.max_bytes:
                 self._entries.popitem(last=False)
         return weights
+
+
+# A worker's per-job LoRAs -----------------------------------------------------------------------------------------------
+
+
+def lora_folder(item: Mapping, hf_cache: str | Path | None = None) -> Path:
+    """Where one accepted adapter's file lives on this worker: the operator's folder, or the Hub repo at its commit in
+    the hub cache (downloaded once by huggingface_hub; with ``HF_HUB_OFFLINE=1`` only what the cache holds)."""
+    if item.get("path"):
+        return Path(item["path"])
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(item["repo"], revision=item["revision"], cache_dir=hf_cache,
+                                  allow_patterns=["*.safetensors", "*.json"]))
+
+
+class WorkerLoras:
+    """The per-job LoRAs of one resident DiT: the byte-bounded cache and the adapter set applied now.
+
+    ``use(items)`` makes the DiT carry exactly ``items`` (core/loras.py records: ref, scale, repo+revision or path):
+    a job whose set equals the applied one changes nothing, so back-to-back jobs of one set (a batch with one LoRA)
+    apply it once; any other set is swapped in; ``[]`` removes every hook. ``applies`` counts the swaps.
+    """
+
+    def __init__(self, model: H3Transformer, max_bytes: int, hf_cache: str | Path | None = None):
+        self.model = model
+        self.cache = LoraCache(max_bytes)
+        self.hf_cache = hf_cache
+        self.applied: AppliedLoras | None = None
+        self.key = ""
+        self.applies = 0
+
+    def _weights(self, item: Mapping) -> LoraWeights:
+        key = f"{item['repo']}@{item['revision']}" if item.get("repo") else str(item["path"])
+
+        def load() -> LoraWeights:
+            state_dict, alpha = read_lora_file(lora_folder(item, self.hf_cache))
+            return native_lora(key, state_dict, self.model, network_alpha=alpha)
+
+        return self.cache.get(key, load)
+
+    def use(self, items: Sequence[Mapping]) -> None:
+        """Apply exactly ``items`` (AdapterError, nothing applied, when one does not fit this DiT)."""
+        from h3batch.core.loras import adapter_set_key
+
+        key = adapter_set_key(items)
+        if key == self.key:
+            return
+        adapters = [(self._weights(item), float(item["scale"])) for item in items]  # all load before any swap
+        self.clear()
+        if adapters:
+            self.applied = apply_loras(self.model, adapters)
+            self.key = key
+            self.applies += 1
+
+    def clear(self) -> None:
+        if self.applied is not None:
+            self.applied.remove()
+        self.applied, self.key = None, ""

@@ -36,7 +36,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from h3batch.worker.h3.config import H3Config
 from h3batch.worker.h3.loader import map_diffusers_name
 from h3batch.worker.h3.model import H3Transformer
 from h3batch.worker.h3.sampler import SigmaLadder, shifted_sigmas
@@ -261,39 +260,10 @@ def refuse_on_full_checkpoint(release_kind: str) -> None:
         )
 
 
-# Tiny adapter ----------------------------------------------------------------------------------------------------------
+# Writing (the tiny builder, tests) ----------------------------------------------------------------------------------
 
 TINY_IDENTITY = "FastVideo/FastH3-tiny-4-step"
 RELEASE_STEPS = [999, 749, 500, 250]
-
-
-def tiny_legacy_tensors(config: H3Config, *, rank: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random adapter tensors for ``config`` in the format above: factors on every attention/FFN/AdaLN projection of
-    every block, full-rank diffs on norms (q/k norms and the refiner's final norm included), biases and the heads."""
-    from h3batch.worker.h3.tiny_adapters import lora_target_shapes
-
-    generator = torch.Generator().manual_seed(seed)
-    tensors = {}
-    shapes = lora_target_shapes(config)
-    for j in range(config.token_refiner_num_layers):  # the whole refiner too: every block must be edited
-        hidden, inner = config.hidden_size, config.inner_dim
-        for suffix, shape in {"attn.to_q": (inner, hidden), "attn.to_k": (inner, hidden), "attn.to_v": (inner, hidden),
-                              "attn.to_out.0": (hidden, inner)}.items():
-            shapes[f"token_refiner.refiner_blocks.{j}.{suffix}"] = shape
-    for module, (rows, cols) in sorted(shapes.items()):
-        tensors[f"{module}.lora_A.weight"] = torch.randn(rank, cols, generator=generator) / cols**0.5
-        tensors[f"{module}.lora_B.weight"] = 0.2 * torch.randn(rows, rank, generator=generator) / rank**0.5
-    head = config.attention_head_dim
-    norms = {"token_refiner.final_norm": config.hidden_size, "norm_out.norm": config.hidden_size}
-    for i in range(config.num_layers):
-        norms.update({f"transformer_blocks.{i}.norm1": config.hidden_size, f"transformer_blocks.{i}.attn.norm_q": head,
-                      f"transformer_blocks.{i}.attn.norm_k": head})
-    for module, width in sorted(norms.items()):
-        tensors[f"{module}.diff"] = 0.05 * torch.randn(width, generator=generator)
-    tensors["proj_out.diff_b"] = 0.05 * torch.randn(config.video_patch_dim, generator=generator)
-    tensors["audio_proj_in.diff"] = 0.02 * torch.randn(config.hidden_size, config.audio_latents_dim,
-                                                       generator=generator)
-    return {k: v.to(torch.bfloat16) for k, v in tensors.items()}
 
 
 def write_legacy_adapter(folder: str | Path, tensors: Mapping[str, torch.Tensor], *, rank: int,
@@ -316,11 +286,6 @@ def write_legacy_adapter(folder: str | Path, tensors: Mapping[str, torch.Tensor]
                              "guidance_scale": 1.0}}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return folder
-
-
-def write_tiny_legacy_adapter(folder: str | Path, config: H3Config, *, seed: int = 0, rank: int = 4) -> Path:
-    """The tiny adapter ``build-tiny-adapters`` writes for the tiny native release."""
-    return write_legacy_adapter(folder, tiny_legacy_tensors(config, rank=rank, seed=seed), rank=rank)
 
 
 def sigma_summary(ladder: SigmaLadder) -> str:

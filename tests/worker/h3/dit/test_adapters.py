@@ -162,3 +162,30 @@ def test_cache_is_an_lru_bounded_by_bytes():
     assert cache.keys() == ["a", "c"] and cache.total_bytes == 2 * size
     with pytest.raises(AdapterError, match="exceed the LoRA cache"):
         LoraCache(max_bytes=size - 1).get("a", lambda: made["a"])
+
+
+def test_worker_loras_apply_a_shared_set_once(tmp_path):
+    """Adapters written by build-tiny-adapters, named as the API records them: two jobs of one set apply it once (the
+    second changes nothing), another set swaps, an empty set leaves no hook and the base output bit-identical; each
+    file is read once (LRU hit on the way back)."""
+    from h3batch.worker.h3.adapters import WorkerLoras
+    from h3batch.worker.h3.tiny_adapters import build_tiny_adapters
+
+    build_tiny_adapters(tmp_path / "adapters")
+    model = H3Transformer(T2, dtype=torch.float32).eval()
+    inputs = t2va_inputs(T2)
+    base = run(model, inputs)
+    loras = WorkerLoras(model, max_bytes=1 << 20)
+    style = [{"ref": "style", "scale": 0.7, "path": str(tmp_path / "adapters" / "lora-style")}]
+    both = style + [{"ref": "char", "scale": 1.0, "path": str(tmp_path / "adapters" / "lora-character")}]
+    loras.use(style)
+    first = run(model, inputs)
+    loras.use(list(style))
+    assert loras.applies == 1 and torch.equal(run(model, inputs)[0], first[0])
+    loras.use(both)
+    assert loras.applies == 2 and not torch.equal(run(model, inputs)[0], first[0])
+    loras.use(style)
+    assert loras.applies == 3 and torch.equal(run(model, inputs)[0], first[0]) and loras.cache.loads == 2
+    loras.use([])
+    assert not any(m._forward_hooks for m in model.modules())
+    assert torch.equal(run(model, inputs)[0], base[0])

@@ -13,10 +13,9 @@ from h3batch.worker.h3.legacy_adapter import (
     read_legacy_adapter,
     refuse_on_full_checkpoint,
     sigma_summary,
-    tiny_legacy_tensors,
     write_legacy_adapter,
-    write_tiny_legacy_adapter,
 )
+from h3batch.worker.h3.tiny_adapters import tiny_legacy_tensors, write_tiny_legacy_adapter
 from tests.worker.h3.dit.dit_oracle import make_oracle, t2va_inputs
 from tests.worker.h3.dit.test_dit_model import max_diff, native_from_oracle, run
 
