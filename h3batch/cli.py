@@ -88,7 +88,7 @@ def _beat(argv: list[str]) -> int:
 
 
 COMMANDS: tuple[Command, ...] = (
-    Command("build-tiny", "write the deterministic tiny release in the exact V2 layout", _build_tiny),
+    Command("build-tiny", "write the deterministic tiny release in the exact V2 (or --kind native) layout", _build_tiny),
     Command("check-release", "validate a release directory against the checkpoint contract", _check_release),
     Command("fetch-release", "fetch a Hub release (org/name@revision) into the HF cache, print its folder",
             _fetch_release),

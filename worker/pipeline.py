@@ -75,6 +75,26 @@ class WriteOptions:
         return cls(tile_batch=None, stream_mux=False, preset=mp4.LEGACY_VIDEO_PRESET)
 
 
+IMPLEMENTED_TASKS = {"v2": ("t2va",), "native": ("t2va",)}
+"""The tasks this pipeline renders per release kind (a release's layout may hold more: `info.tasks`)."""
+NATIVE_MIN_SECONDS = 5.0
+"""Shortest clip of the native release (diffusers' `MiniMaxH3ModularPipeline.min_duration`); V2 renders from 4 s."""
+NATIVE_RANKS_REFUSAL = ("H3BATCH_RANKS={ranks}: a native MiniMax-H3 release is served by one GPU per worker "
+                        "(H3BATCH_RANKS=1); sequence-parallel rank groups serve FastH3 V2 releases only")
+
+
+def info_kind(info: contract.ReleaseInfo) -> str:
+    return info.kind.value
+
+
+def load_native_vaes(root: Path):
+    """The native release's video and audio VAEs from its Diffusers-format `vae/` and `audio_vae/` (fp32, CPU)."""
+    from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
+
+    return (AutoencoderKLMiniMaxH3.from_pretrained(root / contract.VIDEO_VAE_DIR, torch_dtype=torch.float32),
+            AutoencoderKLMiniMaxH3Audio.from_pretrained(root / contract.AUDIO_VAE_DIR, torch_dtype=torch.float32))
+
+
 class RenderCancelled(Exception):
     """The caller asked to stop; raised at the next step boundary, nothing is written."""
 
@@ -221,11 +241,22 @@ class Pipeline:
         self.video_vae = video_vae
         self.audio_vae = audio_vae
         self.device = device
-        self.ladder = SigmaLadder.v2()
-        self.sparsity = float(info.entry.contract.vsa_sparsity)
+        native = info.native
+        self.ladder = (SigmaLadder.v2() if native is None
+                       else SigmaLadder.native(native.grid_points, native.video_shift, native.audio_shift))
+        self.sparsity = float(info.vsa_sparsity)  # 0.0: dense attention (the native release has no VSA gates)
         self.canvas = info.canvas  # default size and bucket budget of this release (callers resolve sizes with it)
         self.write_options = write_options or WriteOptions()
         self.memory_plan: memory_plan.MemoryPlan | None = None  # set by `load`; None for a DiT-only rank
+
+    @property
+    def release_kind(self) -> str:
+        return info_kind(self.info)
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """The tasks this pipeline renders: the release's (`info.tasks`) that this code path implements."""
+        return tuple(t for t in self.info.tasks if t in IMPLEMENTED_TASKS[self.release_kind])
 
     @property
     def precision(self) -> str:
@@ -262,21 +293,32 @@ class Pipeline:
         check_device(precision, device)
         resolved = release_ref.resolve_release(release, release_ref.ReleaseRole.TEXT, cache_dir=hf_cache)
         info = contract.validate_release(resolved.path, require_pinned_base=require_pinned_base)
-        log.info("release %s: %s", info.model_id, info.startup_log_line)
-        base = base_vae_fetch.resolve_base_vaes(info, cache_dir=hf_cache, require_pinned=require_pinned_base)
-        provenance = provenance_of(info, resolved, base)
-        log.info("release %s commit %s; base %s@%s resolved to commit %s", provenance["release"],
-                 provenance["release_commit"] or "(local directory)", base.repo_id, base.revision, base.commit)
+        native = info.kind is contract.ReleaseKind.NATIVE
+        if native and ranks > 1:
+            raise ValueError(NATIVE_RANKS_REFUSAL.format(ranks=ranks))
+        log.info("release %s (%s, tasks %s): %s", info.model_id, info.kind.value, ",".join(info.tasks),
+                 info.startup_log_line)
         root = Path(info.path)
-        dit = apply_precision(load_transformer(root / "transformer", vsa_gates=True, device=device), precision)
+        if native:  # the native release carries its own Diffusers-format VAEs: nothing is fetched
+            base = None
+            provenance = provenance_of(info, resolved, None)
+            video_vae, audio_vae = load_native_vaes(root)
+        else:
+            base = base_vae_fetch.resolve_base_vaes(info, cache_dir=hf_cache, require_pinned=require_pinned_base)
+            provenance = provenance_of(info, resolved, base)
+            log.info("release %s commit %s; base %s@%s resolved to commit %s", provenance["release"],
+                     provenance["release_commit"] or "(local directory)", base.repo_id, base.revision, base.commit)
+            video_vae = vae_checkpoint_convert.load_video_vae(base.root)
+            audio_vae = vae_checkpoint_convert.load_audio_vae(base.root)
+        dit = apply_precision(load_transformer(root / "transformer", vsa_gates=not native, device=device), precision)
         cuda = device.type == "cuda"
         # Decoder only, on every device: the encoder (0.67 GiB at V2 size) is dropped before the move, so it never
         # reaches the GPU; decode post-processing then runs per temporal chunk (WriteOptions.tile_batch=0).
-        video_vae = decode.prepare_video_decoder(vae_checkpoint_convert.load_video_vae(base.root).eval(),
-                                                 torch.float16 if cuda else None, compile_blocks=cuda).to(device)
-        audio_vae = vae_checkpoint_convert.load_audio_vae(base.root).to(device).eval()
+        video_vae = decode.prepare_video_decoder(video_vae.eval(), torch.float16 if cuda else None,
+                                                 compile_blocks=cuda).to(device)
+        audio_vae = audio_vae.to(device).eval()
         # The encoder loads into host memory; the plan decides whether its text stack moves to the GPU.
-        text = TextEncoder.load(root / "text_encoder", root / "tokenizer", info.entry.text_hidden_layer,
+        text = TextEncoder.load(root / "text_encoder", root / "tokenizer", info.text_hidden_layer,
                                 "cpu" if cuda else device)
         plan = plan_for(device, dit, text, video_vae, audio_vae, ranks=ranks, canvas=info.canvas.default,
                         placement=text_placement)
@@ -296,6 +338,9 @@ class Pipeline:
     def validate(self, req: RenderRequest) -> None:
         """Refuse a request this release cannot render (ValueError naming the field)."""
         validate_request(req)
+        if self.info.kind is contract.ReleaseKind.NATIVE and req.seconds < NATIVE_MIN_SECONDS:
+            raise ValueError(f"seconds: expected {NATIVE_MIN_SECONDS:g} to 15 on the native MiniMax-H3 release "
+                             f"(diffusers' min_duration), found {req.seconds!r}")
 
     def close(self) -> None:
         """Nothing to stop: the models live in this process (a rank group's `close` stops its processes)."""
@@ -355,7 +400,7 @@ class Pipeline:
         if settle is not None:  # a hosted encoder leaves the GPU unless this clip fits beside it
             settle(layout.sequence_length)
         refined = self.dit.refine_text(features.to(self.device))
-        plan = vsa_plan_for_layout(layout, sparsity=self.sparsity)
+        plan = vsa_plan_for_layout(layout, sparsity=self.sparsity) if self.sparsity > 0 else None  # None: dense
         dev_layout = layout.to(self.device)
         timings["text_encode"] = time.perf_counter() - t0
 

@@ -37,7 +37,9 @@ from pathlib import Path
 
 import torch
 
-from h3batch.worker.pipeline import Pipeline, ProgressFn, RenderCancelled, RenderRequest, RenderResult, validate_request
+from h3batch.worker.pipeline import (
+    NATIVE_RANKS_REFUSAL, Pipeline, ProgressFn, RenderCancelled, RenderRequest, RenderResult, validate_request,
+)
 
 log = logging.getLogger("h3batch.rank_group")
 
@@ -412,6 +414,8 @@ def _load_rank_pipeline(rank: int, spec: RankSpec, device: torch.device) -> Pipe
         resolved = release_ref.resolve_release(spec.release_dir, release_ref.ReleaseRole.DIT, cache_dir=spec.hf_cache)
         info = contract.validate_release(resolved.path, require_pinned_base=spec.require_pinned_base,
                                          conditioner=False)
+        if info.kind is contract.ReleaseKind.NATIVE:
+            raise ValueError(NATIVE_RANKS_REFUSAL.format(ranks=spec.world))
         dit = apply_precision(load_transformer(Path(info.path) / "transformer", vsa_gates=True, device=device),
                               spec.precision)
         pipe = Pipeline(info, dit, None, None, None, device)
