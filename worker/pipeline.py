@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -75,7 +75,7 @@ class WriteOptions:
         return cls(tile_batch=None, stream_mux=False, preset=mp4.LEGACY_VIDEO_PRESET)
 
 
-IMPLEMENTED_TASKS = {"v2": ("t2va",), "native": ("t2va",)}
+IMPLEMENTED_TASKS = {"v2": ("t2va",), "native": ("t2va", "fl2va")}
 """The tasks this pipeline renders per release kind (a release's layout may hold more: `info.tasks`)."""
 NATIVE_MIN_SECONDS = 5.0
 """Shortest clip of the native release (diffusers' `MiniMaxH3ModularPipeline.min_duration`); V2 renders from 4 s."""
@@ -85,6 +85,24 @@ NATIVE_RANKS_REFUSAL = ("H3BATCH_RANKS={ranks}: a native MiniMax-H3 release is s
 
 def info_kind(info: contract.ReleaseInfo) -> str:
     return info.kind.value
+
+
+@dataclass(frozen=True, eq=False)
+class Vision:
+    """What the native release's keyframe / reference tasks load beside t2va: the Qwen3-VL image processor and the
+    video VAE with its encoder (fp32; the serving decoder copy drops its encoder)."""
+
+    image_processor: Any
+    video_encoder: Any
+
+
+def load_vision(root: Path, device: torch.device) -> Vision:
+    from transformers import Qwen2VLImageProcessorPil  # the PIL backend: the same numbers without torchvision
+
+    encoder_vae, _ = load_native_vaes(root)
+    encoder_vae.decoder = None  # encode only: the serving decoder is its own copy (decode.prepare_video_decoder)
+    return Vision(Qwen2VLImageProcessorPil.from_pretrained(root / contract.PROCESSOR_DIR),
+                  encoder_vae.to(device).eval())
 
 
 def load_native_vaes(root: Path):
@@ -109,6 +127,10 @@ class RenderRequest:
     height: int = 128
     seed: int = 0
     metadata: tuple[tuple[str, str], ...] = ()  # extra MP4 tags (job id, resolved params, versions), in order
+    task: str = "t2va"  # t2va | fl2va | ref2va (core/routing.TASKS); fl2va and ref2va need the native release
+    first_frame: Any = None  # fl2va: the keyframe the clip starts from (a PIL image or an image file path)
+    last_frame: Any = None  # fl2va: the keyframe the clip ends on
+    references: tuple[Any, ...] = ()  # ref2va: reference images, in the order the prompt reads them
 
 
 @dataclass(frozen=True)
@@ -140,6 +162,18 @@ def validate_request(req: RenderRequest) -> None:
     """Refuse a request no release can render (ValueError naming the field); needs no loaded model."""
     if not isinstance(req.prompt, str) or not req.prompt.strip():
         raise ValueError("prompt: expected a non-empty string")
+    images = {"first_frame": req.first_frame is not None, "last_frame": req.last_frame is not None,
+              "references": bool(req.references)}
+    expected = {"t2va": (), "fl2va": ("first_frame", "last_frame"), "ref2va": ("references",)}
+    if req.task not in expected:
+        raise ValueError(f"task: expected one of {', '.join(expected)}, found {req.task!r}")
+    stray = [name for name, given in images.items() if given and name not in expected[req.task]]
+    if stray:
+        raise ValueError(f"{stray[0]}: not an input of task {req.task} (its inputs: "
+                         f"{', '.join(expected[req.task]) or 'the prompt only'})")
+    if expected[req.task] and not any(images[name] for name in expected[req.task]):
+        raise ValueError(f"{expected[req.task][0]}: task {req.task} needs "
+                         f"{' and/or '.join(expected[req.task])}, found none")
     RequestGeometry(req.width, req.height, req.seconds)
     check_canvas_area(req.width, req.height)  # the request contract's area cap, as the API refuses it
     if isinstance(req.seed, bool) or not isinstance(req.seed, int) or not 0 <= req.seed < 2**63:
@@ -248,6 +282,7 @@ class Pipeline:
         self.canvas = info.canvas  # default size and bucket budget of this release (callers resolve sizes with it)
         self.write_options = write_options or WriteOptions()
         self.memory_plan: memory_plan.MemoryPlan | None = None  # set by `load`; None for a DiT-only rank
+        self.vision: Vision | None = None  # fl2va / ref2va inputs (native release only): set by `load`
 
     @property
     def release_kind(self) -> str:
@@ -255,8 +290,10 @@ class Pipeline:
 
     @property
     def tasks(self) -> tuple[str, ...]:
-        """The tasks this pipeline renders: the release's (`info.tasks`) that this code path implements."""
-        return tuple(t for t in self.info.tasks if t in IMPLEMENTED_TASKS[self.release_kind])
+        """The tasks this pipeline renders: the release's (`info.tasks`) that this code path implements and, past
+        t2va, has the vision inputs loaded for."""
+        return tuple(t for t in self.info.tasks if t in IMPLEMENTED_TASKS[self.release_kind]
+                     and (t == "t2va" or self.vision is not None))
 
     @property
     def precision(self) -> str:
@@ -299,10 +336,13 @@ class Pipeline:
         log.info("release %s (%s, tasks %s): %s", info.model_id, info.kind.value, ",".join(info.tasks),
                  info.startup_log_line)
         root = Path(info.path)
+        vision = None
         if native:  # the native release carries its own Diffusers-format VAEs: nothing is fetched
             base = None
             provenance = provenance_of(info, resolved, None)
             video_vae, audio_vae = load_native_vaes(root)
+            if "fl2va" in info.tasks:  # the keyframe path: image processor + the video VAE's encoder (only here)
+                vision = load_vision(root, device)
         else:
             base = base_vae_fetch.resolve_base_vaes(info, cache_dir=hf_cache, require_pinned=require_pinned_base)
             provenance = provenance_of(info, resolved, base)
@@ -325,6 +365,7 @@ class Pipeline:
         text = place_text_encoder(text, device, plan.placement, keep_max_rows=plan.keep_encoder_max_rows)
         log.info("memory plan (%s):\n%s", device, memory_plan.format_plan(plan))
         pipe = cls(info, dit, text, video_vae, audio_vae, device, provenance)
+        pipe.vision = vision
         pipe.memory_plan = plan
         if cuda:
             canvas = pipe.canvas
@@ -338,6 +379,9 @@ class Pipeline:
     def validate(self, req: RenderRequest) -> None:
         """Refuse a request this release cannot render (ValueError naming the field)."""
         validate_request(req)
+        if req.task not in self.tasks:
+            raise ValueError(f"task: this worker renders {', '.join(self.tasks)} ({self.release_kind} release), "
+                             f"found {req.task!r}")
         if self.info.kind is contract.ReleaseKind.NATIVE and req.seconds < NATIVE_MIN_SECONDS:
             raise ValueError(f"seconds: expected {NATIVE_MIN_SECONDS:g} to 15 on the native MiniMax-H3 release "
                              f"(diffusers' min_duration), found {req.seconds!r}")
@@ -394,8 +438,13 @@ class Pipeline:
         boundary()
         progress("text_encode", 0, 0)
         t0 = time.perf_counter()
-        features, text_rows = self.text_encoder.encode(req.prompt)
-        layout = packing.build_packed_layout(text_rows, geo)
+        generator = torch.Generator(device="cpu").manual_seed(req.seed)  # the request's: conditions draw first
+        conditions: list[torch.Tensor] = []  # fl2va keyframe rows, noised to their anchor time, in packed order
+        if req.task == "t2va":
+            features, text_rows = self.text_encoder.encode(req.prompt)
+            layout = packing.build_packed_layout(text_rows, geo)
+        else:
+            features, layout, conditions = self._condition(req, geo, generator)
         settle = getattr(self.text_encoder, "settle", None)
         if settle is not None:  # a hosted encoder leaves the GPU unless this clip fits beside it
             settle(layout.sequence_length)
@@ -408,24 +457,44 @@ class Pipeline:
         total = self.ladder.num_steps
         run_steps = total if steps is None else min(total, steps)
         t0 = time.perf_counter()
-        video_noise, audio = initial_noise(req.seed, geo)
-        video = packing.patchify_video(video_noise).to(self.device)  # [1, Nv, 96]
+        video_noise, audio = initial_noise(req.seed, geo, generator=generator)
+        video = packing.patchify_video(video_noise).to(self.device)  # [1, Nv, 96] generated rows
+        held = torch.cat(conditions, dim=1).to(self.device) if conditions else None  # [1, C, 96] keyframe rows
         audio = audio.unsqueeze(0).to(self.device)  # [1, 2A, 32]
+        c = layout.condition_rows
         for k in range(run_steps):
             boundary()
             t_video, t_audio = self.ladder.timesteps(k)
             timestep, timestep_indices = packing.row_timesteps(t_video, t_audio, dev_layout)
+            rows = video if held is None else torch.cat([held, video], dim=1)  # keyframe rows first (video_indices)
             v_video, v_audio = self.dit(
-                video, audio, None, timestep, timestep_indices, dev_layout.token_tags, dev_layout.position_ids,
+                rows, audio, None, timestep, timestep_indices, dev_layout.token_tags, dev_layout.position_ids,
                 dev_layout.video_indices, dev_layout.audio_indices, dev_layout.text_indices,
                 vsa_plan=plan, refined_text=refined,
             )
-            video, audio = self.ladder.step(k, video, v_video, audio, v_audio)
+            video, audio = self.ladder.step(k, video, v_video[:, c:], audio, v_audio)  # only generated rows move
             progress("denoise", k + 1, total)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         timings["denoise"] = time.perf_counter() - t0
         return DenoisedClip(req, geo, layout, video, audio, timings)
+
+    def _condition(self, req: RenderRequest, geo: RequestGeometry, generator: torch.Generator):
+        """fl2va's text features, layout and keyframe rows (worker/h3/conditioning.py has the data flow)."""
+        from h3batch.worker.h3 import conditioning
+        from h3batch.worker.h3.text_encoder import encode_presentation
+
+        keyframes = conditioning.place_keyframes(req.first_frame, req.last_frame, geo.width, geo.height)
+        prompt_ids = self.text_encoder.tokenize(req.prompt)
+        shown = conditioning.presentation(self.text_encoder.tokenizer, self.vision.image_processor, prompt_ids,
+                                          keyframes.images, text_tag=packing.TEXT_TAG, video_tag=packing.VIDEO_TAG)
+        features = encode_presentation(self.text_encoder, shown.token_ids, shown.mm_token_type_ids,
+                                       shown.vision_inputs)
+        layout = packing.build_packed_layout(len(shown.token_ids), geo, text_tags=shown.token_tags,
+                                             keyframe_anchors=keyframes.anchors)
+        anchors = [conditioning.encode_condition(self.vision.video_encoder, image) for image in keyframes.images]
+        rows = [packing.patchify_video(conditioning.noised_condition(anchor, generator)) for anchor in anchors]
+        return features, layout, rows
 
     @torch.inference_mode()
     def write(self, clip: DenoisedClip, out_path: str | Path, *, on_progress: ProgressFn | None = None,

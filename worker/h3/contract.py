@@ -20,7 +20,8 @@ without it (the published V2) has the V2 33B canvas, 1344x768 (``ReleaseInfo.can
 Beside V2 the checker recognises the **native MiniMax-H3 release** (``ReleaseKind.NATIVE``): the layout diffusers'
 ``MiniMaxH3ModularPipeline`` loads (docs/model.md "The native release"): no ``fastvideo_inference.json``, a
 ``modular_model_index.json``, the ``transformer/`` partition (t2va, fl2va; no compression gates), the optional
-``transformer_ref/`` partition (ref2va), ``vae/`` and ``audio_vae/`` in Diffusers format, ``scheduler/`` and
+``transformer_ref/`` partition (ref2va), ``processor/`` (the Qwen3-VL image processor: without it the release serves t2va
+only), ``vae/`` and ``audio_vae/`` in Diffusers format, ``scheduler/`` and
 ``audio_scheduler/`` (their ``shift`` is the sampler's: 12 and 3 as published) and the conditioner. Its sampling is
 diffusers' (``linspace(1, 0, 50)`` shifted, 49 forwards), unless an optional ``h3batch_sampling.json`` (written by
 ``build-tiny --kind native``) names another grid size or text-encoder layer. ``release_capabilities`` says which kind a
@@ -64,6 +65,8 @@ SCHEDULER_DIRS = ("scheduler", "audio_scheduler")
 SCHEDULER_CONFIG_FILE = "scheduler_config.json"
 SCHEDULER_CLASS_NAME = "MiniMaxH3Scheduler"
 SAMPLING_FILE = "h3batch_sampling.json"
+PROCESSOR_DIR = "processor"
+PROCESSOR_CONFIG_FILE = "preprocessor_config.json"
 
 NATIVE_DEFAULT_GRID_POINTS = 50
 """diffusers' default ``num_inference_steps`` for the native release: a 50-point grid ``linspace(1, 0, 50)``, so 49
@@ -586,8 +589,11 @@ def _inspect_native(root: Path, *, conditioner: bool = True) -> _NativeFindings:
         model_id = named if isinstance(named, str) and named else BASE_REPO_ID
     found, shards, tensor_count = _check_transformer(root, None, TRANSFORMER_DIR, expected_gates=0)
     violations += found
-    tasks = ["t2va", "fl2va"]
-    if (root / REF_TRANSFORMER_DIR).exists():
+    tasks = ["t2va"]
+    vision = (root / PROCESSOR_DIR / PROCESSOR_CONFIG_FILE).is_file()  # the image processor of fl2va and ref2va
+    if vision:
+        tasks.append("fl2va")
+    if vision and (root / REF_TRANSFORMER_DIR).exists():
         found, ref_shards, ref_count = _check_transformer(root, None, REF_TRANSFORMER_DIR, expected_gates=0)
         violations += found
         shards += tuple(f"{REF_TRANSFORMER_DIR}/{name}" for name in ref_shards)

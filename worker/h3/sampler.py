@@ -129,15 +129,17 @@ def euler_step(x: torch.Tensor, v: torch.Tensor, k: int, sigmas: torch.Tensor) -
     return r * x + one_minus_r * denoised
 
 
-def initial_noise(seed: int, geometry: RequestGeometry) -> tuple[torch.Tensor, torch.Tensor]:
+def initial_noise(seed: int, geometry: RequestGeometry,
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Unit Gaussian noise of one request from a CPU generator seeded with `seed` (§9), on CPU.
 
     Returns (video latents fp32 [1, 24, T, Hl, Wl], audio rows fp32 [2A, 32]); video is drawn first, then audio from
-    the same generator, directly in row layout. No σ_0 scaling.
+    the same generator, directly in row layout. No σ_0 scaling. `generator`: the request's generator (seeded with
+    `seed`) when something was drawn from it before (fl2va's keyframe noise comes first).
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         raise ValueError(f"seed: expected an integer in [0, 2**64 - 1], got {seed!r}")
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    generator = generator if generator is not None else torch.Generator(device="cpu").manual_seed(seed)
     video = torch.randn(
         (1, VIDEO_LATENT_CHANNELS, geometry.latent_frames, geometry.latent_height, geometry.latent_width),
         generator=generator,

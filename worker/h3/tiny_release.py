@@ -24,7 +24,8 @@ as a Hub repo at a commit, so a Hub reference (``--release ORG/NAME@revision``) 
 (worker/h3/contract.py, docs/model.md "The native release"): ``modular_model_index.json``, ``transformer/`` (DiT
 config T2 without compression gates), ``transformer_ref/`` (the Ref2VA partition: same config, its own weights),
 ``vae/`` and ``audio_vae/`` in Diffusers format (the same tiny configs as the V2 base repo's), ``scheduler/`` and
-``audio_scheduler/`` (shift 12 / 3, the published values), the conditioner, ``h3batch_canvas.json`` and
+``audio_scheduler/`` (shift 12 / 3, the published values), the conditioner and ``processor/`` (the Qwen3-VL image
+processor's config), ``h3batch_canvas.json`` and
 ``h3batch_sampling.json`` (4 grid points, i.e. 3 forwards instead of the published 50 / 49, and text-encoder layer 2
 of the 3-layer tiny Qwen3-VL). It needs no hub cache: a native release carries its own VAEs.
 
@@ -449,6 +450,15 @@ def build_tiny_release(out: str | Path, hf_cache: str | Path | None = None, seed
     return TinyRelease(release, cache, TINY_ENTRY.base_repo_id, commit, snapshot, time.perf_counter() - start)
 
 
+def tiny_image_processor():
+    """Qwen3-VL's image processor settings (16-pixel patches, 2x2 merge, mean/std 0.5) with a pixel budget sized for
+    the tiny canvas (a 256x128 keyframe is 32 vision tokens); the PIL backend (no torchvision here)."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3,
+                                    image_std=[0.5] * 3, size={"shortest_edge": 64 * 64, "longest_edge": 512 * 512})
+
+
 def build_tiny_native_release(out: str | Path, seed: int = 0) -> TinyRelease:
     """Write the tiny native MiniMax-H3 release into ``out`` (module docstring); same seed -> same bytes."""
     from diffusers import MiniMaxH3Scheduler
@@ -466,6 +476,7 @@ def build_tiny_native_release(out: str | Path, seed: int = 0) -> TinyRelease:
     random_video_vae(seed).save_pretrained(release / contract.VIDEO_VAE_DIR)
     random_audio_vae(seed).save_pretrained(release / contract.AUDIO_VAE_DIR)
     _write_text_encoder(release, seed)
+    tiny_image_processor().save_pretrained(release / contract.PROCESSOR_DIR)
     MiniMaxH3Scheduler(shift=contract.NATIVE_VIDEO_SHIFT).save_pretrained(release / "scheduler")
     MiniMaxH3Scheduler(shift=contract.NATIVE_AUDIO_SHIFT).save_pretrained(release / "audio_scheduler")
     return TinyRelease(release, release, NATIVE_TINY_MODEL_ID, "", release, time.perf_counter() - start)
