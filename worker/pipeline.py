@@ -75,7 +75,7 @@ class WriteOptions:
         return cls(tile_batch=None, stream_mux=False, preset=mp4.LEGACY_VIDEO_PRESET)
 
 
-IMPLEMENTED_TASKS = {"v2": ("t2va",), "native": ("t2va", "fl2va")}
+IMPLEMENTED_TASKS = {"v2": ("t2va",), "native": ("t2va", "fl2va", "ref2va")}
 """The tasks this pipeline renders per release kind (a release's layout may hold more: `info.tasks`)."""
 NATIVE_MIN_SECONDS = 5.0
 """Shortest clip of the native release (diffusers' `MiniMaxH3ModularPipeline.min_duration`); V2 renders from 4 s."""
@@ -283,6 +283,7 @@ class Pipeline:
         self.write_options = write_options or WriteOptions()
         self.memory_plan: memory_plan.MemoryPlan | None = None  # set by `load`; None for a DiT-only rank
         self.vision: Vision | None = None  # fl2va / ref2va inputs (native release only): set by `load`
+        self.ref_dit = None  # ref2va's DiT, the native release's transformer_ref/ partition: set by `load`
 
     @property
     def release_kind(self) -> str:
@@ -293,7 +294,7 @@ class Pipeline:
         """The tasks this pipeline renders: the release's (`info.tasks`) that this code path implements and, past
         t2va, has the vision inputs loaded for."""
         return tuple(t for t in self.info.tasks if t in IMPLEMENTED_TASKS[self.release_kind]
-                     and (t == "t2va" or self.vision is not None))
+                     and (t == "t2va" or self.vision is not None) and (t != "ref2va" or self.ref_dit is not None))
 
     @property
     def precision(self) -> str:
@@ -351,6 +352,10 @@ class Pipeline:
             video_vae = vae_checkpoint_convert.load_video_vae(base.root)
             audio_vae = vae_checkpoint_convert.load_audio_vae(base.root)
         dit = apply_precision(load_transformer(root / "transformer", vsa_gates=not native, device=device), precision)
+        ref_dit = None
+        if native and "ref2va" in info.tasks:  # the second partition: only a release that has it serves ref2va
+            ref_dit = apply_precision(load_transformer(root / contract.REF_TRANSFORMER_DIR, vsa_gates=False,
+                                                       device=device), precision)
         cuda = device.type == "cuda"
         # Decoder only, on every device: the encoder (0.67 GiB at V2 size) is dropped before the move, so it never
         # reaches the GPU; decode post-processing then runs per temporal chunk (WriteOptions.tile_batch=0).
@@ -366,6 +371,7 @@ class Pipeline:
         log.info("memory plan (%s):\n%s", device, memory_plan.format_plan(plan))
         pipe = cls(info, dit, text, video_vae, audio_vae, device, provenance)
         pipe.vision = vision
+        pipe.ref_dit = ref_dit
         pipe.memory_plan = plan
         if cuda:
             canvas = pipe.canvas
@@ -448,7 +454,8 @@ class Pipeline:
         settle = getattr(self.text_encoder, "settle", None)
         if settle is not None:  # a hosted encoder leaves the GPU unless this clip fits beside it
             settle(layout.sequence_length)
-        refined = self.dit.refine_text(features.to(self.device))
+        dit = self.ref_dit if req.task == "ref2va" else self.dit
+        refined = dit.refine_text(features.to(self.device))
         plan = vsa_plan_for_layout(layout, sparsity=self.sparsity) if self.sparsity > 0 else None  # None: dense
         dev_layout = layout.to(self.device)
         timings["text_encode"] = time.perf_counter() - t0
@@ -467,7 +474,7 @@ class Pipeline:
             t_video, t_audio = self.ladder.timesteps(k)
             timestep, timestep_indices = packing.row_timesteps(t_video, t_audio, dev_layout)
             rows = video if held is None else torch.cat([held, video], dim=1)  # keyframe rows first (video_indices)
-            v_video, v_audio = self.dit(
+            v_video, v_audio = dit(
                 rows, audio, None, timestep, timestep_indices, dev_layout.token_tags, dev_layout.position_ids,
                 dev_layout.video_indices, dev_layout.audio_indices, dev_layout.text_indices,
                 vsa_plan=plan, refined_text=refined,
@@ -480,19 +487,27 @@ class Pipeline:
         return DenoisedClip(req, geo, layout, video, audio, timings)
 
     def _condition(self, req: RenderRequest, geo: RequestGeometry, generator: torch.Generator):
-        """fl2va's text features, layout and keyframe rows (worker/h3/conditioning.py has the data flow)."""
+        """fl2va's / ref2va's text features, layout and anchor rows (worker/h3/conditioning.py has the data flow)."""
         from h3batch.worker.h3 import conditioning
         from h3batch.worker.h3.text_encoder import encode_presentation
 
-        keyframes = conditioning.place_keyframes(req.first_frame, req.last_frame, geo.width, geo.height)
+        if req.task == "fl2va":
+            keyframes = conditioning.place_keyframes(req.first_frame, req.last_frame, geo.width, geo.height)
+            images = keyframes.images
+        else:  # ref2va
+            images = conditioning.place_references(req.references, self.info.native.reference_short_edge)
         prompt_ids = self.text_encoder.tokenize(req.prompt)
         shown = conditioning.presentation(self.text_encoder.tokenizer, self.vision.image_processor, prompt_ids,
-                                          keyframes.images, text_tag=packing.TEXT_TAG, video_tag=packing.VIDEO_TAG)
+                                          images, text_tag=packing.TEXT_TAG, video_tag=packing.VIDEO_TAG)
         features = encode_presentation(self.text_encoder, shown.token_ids, shown.mm_token_type_ids,
                                        shown.vision_inputs)
-        layout = packing.build_packed_layout(len(shown.token_ids), geo, text_tags=shown.token_tags,
-                                             keyframe_anchors=keyframes.anchors)
-        anchors = [conditioning.encode_condition(self.vision.video_encoder, image) for image in keyframes.images]
+        anchors = [conditioning.encode_condition(self.vision.video_encoder, image) for image in images]
+        if req.task == "fl2va":
+            layout = packing.build_packed_layout(len(shown.token_ids), geo, text_tags=shown.token_tags,
+                                                 keyframe_anchors=keyframes.anchors)
+        else:
+            layout = packing.build_reference_layout(shown.token_tags, geo,
+                                                    tuple(tuple(a.shape[-2:]) for a in anchors))
         rows = [packing.patchify_video(conditioning.noised_condition(anchor, generator)) for anchor in anchors]
         return features, layout, rows
 

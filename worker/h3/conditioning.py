@@ -1,4 +1,4 @@
-"""Visual conditioning of the native MiniMax-H3 release: fl2va keyframes (and the pieces ref2va shares with them).
+"""Visual conditioning of the native MiniMax-H3 release: fl2va keyframes and ref2va reference images.
 
 Data flow of one fl2va request (docs/model.md "Keyframes and references"; diffusers 0.42.1's
 `modular_pipelines/minimax_h3` is the oracle, tests/worker/h3/native/ check it bit for bit):
@@ -10,6 +10,12 @@ Data flow of one fl2va request (docs/model.md "Keyframes and references"; diffus
                latents_mean/std) ──▶ one [1, 24, 1, Hl, Wl] anchor per keyframe ──`noised_condition_rows`──▶ held at
                t = 0.999 (a draw from the request's generator per keyframe, before the target noise), packed in front
                of the generated video rows
+
+ref2va (image references; diffusers' video and audio references are not served) differs in three places: each
+reference is scaled to its own size (`place_references`: a short edge of 2048 in the published release, not the
+canvas), its anchor rows get their own latent grid and one rotary slot each before the generated rows
+(packing.build_reference_layout), and the DiT is the `transformer_ref/` partition. The presentation
+("<Picture i>: " + vision block per image, then the prompt) and the anchor encoding are fl2va's.
 
 Written here rather than run as diffusers' blocks: those blocks own their pipeline state and components (the
 `ModularPipeline` machinery), while h3batch renders with its own DiT, text encoder and streaming decode; the steps
@@ -33,6 +39,9 @@ PIXEL_MEAN = (0.485, 0.456, 0.406)
 PIXEL_STD = (0.229, 0.224, 0.225)
 """ImageNet normalisation of the video VAE's input."""
 ANCHORS = ("first", "last")
+MAX_REFERENCES = 9
+"""ref2va: at most 9 image references per request (diffusers' limit for images)."""
+CANVAS_MULTIPLE = 32
 
 
 @dataclass(frozen=True)
@@ -140,3 +149,25 @@ def noised_condition(condition: torch.Tensor, generator: torch.Generator) -> tor
     noise = torch.randn(condition.shape, generator=generator, dtype=torch.float32)
     t = torch.tensor(KEYFRAME_NOISE_AUG, dtype=torch.float32)
     return t * condition.to(torch.float32) + (1.0 - t) * noise
+
+
+def place_references(images, short_edge: int) -> tuple[Image.Image, ...]:
+    """ref2va's rule for reference images (docs/api.md "Images"): each is scaled so its short edge is `short_edge`
+    (up or down, no area cap; the generated canvas does not bind it), both sides rounded to the nearest multiple of 32
+    (at least 32), resized with LANCZOS. ValueError naming `references[i]` for more than `MAX_REFERENCES` images or an
+    aspect ratio outside 1:4 .. 4:1."""
+    if not images:
+        raise ValueError("references: ref2va needs at least one reference image, found none")
+    if len(images) > MAX_REFERENCES:
+        raise ValueError(f"references: expected at most {MAX_REFERENCES} images, found {len(images)}")
+    placed = []
+    for index, source in enumerate(images):
+        image = open_image(source)
+        width, height = image.size
+        if width > 4 * height or height > 4 * width:
+            raise ValueError(f"references[{index}]: expected an aspect ratio within 1:4 and 4:1, found {width}x{height}")
+        scale = short_edge / min(width, height)
+        size = (max(CANVAS_MULTIPLE, round(width * scale / CANVAS_MULTIPLE) * CANVAS_MULTIPLE),
+                max(CANVAS_MULTIPLE, round(height * scale / CANVAS_MULTIPLE) * CANVAS_MULTIPLE))
+        placed.append(image if image.size == size else image.resize(size, Image.Resampling.LANCZOS))
+    return tuple(placed)

@@ -73,6 +73,9 @@ NATIVE_DEFAULT_GRID_POINTS = 50
 forwards (the terminal 0 is a grid point with no forward)."""
 NATIVE_TEXT_LAYER = 50
 """``hidden_states`` index the native DiT is conditioned on (``MiniMaxH3ModularPipeline.text_encoder_layer``)."""
+NATIVE_REFERENCE_SHORT_EDGE = 2048
+"""diffusers' default ``reference_image_short_edge``: a ref2va image is encoded at this short edge, whatever the
+canvas; a release may set another in its ``modular_model_index.json`` (the tiny native release: 128)."""
 NATIVE_VIDEO_SHIFT = 12.0
 NATIVE_AUDIO_SHIFT = 3.0
 """The published schedulers' shifts (diffusers' ``MiniMaxH3Scheduler`` default 12; ``audio_scheduler`` 3); the
@@ -275,6 +278,8 @@ class NativeSampling:
     video_shift: float = NATIVE_VIDEO_SHIFT
     audio_shift: float = NATIVE_AUDIO_SHIFT
     text_encoder_layer: int = NATIVE_TEXT_LAYER
+    reference_short_edge: int = NATIVE_REFERENCE_SHORT_EDGE
+    """ref2va: the short edge a reference image is encoded at (the index's ``reference_image_short_edge``)."""
 
     @property
     def forwards(self) -> int:
@@ -577,6 +582,7 @@ def _inspect_native(root: Path, *, conditioner: bool = True) -> _NativeFindings:
     violations: list[str] = []
     index, err = _read_json(root / MODULAR_INDEX_FILE)
     model_id = BASE_REPO_ID
+    reference_edge = NATIVE_REFERENCE_SHORT_EDGE
     if err:
         violations.append(err)
     elif not isinstance(index, dict) or index.get("_class_name") != MODULAR_CLASS_NAME:
@@ -587,6 +593,11 @@ def _inspect_native(root: Path, *, conditioner: bool = True) -> _NativeFindings:
         named = spec[2].get("pretrained_model_name_or_path") if isinstance(spec, list) and len(spec) == 3 \
             and isinstance(spec[2], dict) else None
         model_id = named if isinstance(named, str) and named else BASE_REPO_ID
+        edge = index.get("reference_image_short_edge", NATIVE_REFERENCE_SHORT_EDGE)
+        if isinstance(edge, bool) or not isinstance(edge, int) or edge < 32:
+            violations.append(f"{MODULAR_INDEX_FILE}: reference_image_short_edge={edge!r}, expected an integer >= 32")
+        else:
+            reference_edge = edge
     found, shards, tensor_count = _check_transformer(root, None, TRANSFORMER_DIR, expected_gates=0)
     violations += found
     tasks = ["t2va"]
@@ -620,7 +631,8 @@ def _inspect_native(root: Path, *, conditioner: bool = True) -> _NativeFindings:
     sampling = NativeSampling(
         model_id=model_id, grid_points=sampling_data.get("num_inference_steps", NATIVE_DEFAULT_GRID_POINTS),
         video_shift=shifts[0], audio_shift=shifts[1],
-        text_encoder_layer=sampling_data.get("text_encoder_layer", NATIVE_TEXT_LAYER))
+        text_encoder_layer=sampling_data.get("text_encoder_layer", NATIVE_TEXT_LAYER),
+        reference_short_edge=reference_edge)
     return _NativeFindings([], tuple(tasks), sampling, shards, tensor_count, canvas)
 
 

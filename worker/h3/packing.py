@@ -199,6 +199,57 @@ def build_packed_layout(text_rows: int, geometry: RequestGeometry, *, text_tags:
     )
 
 
+def build_reference_layout(text_tags: list[int], geometry: RequestGeometry,
+                           reference_sizes: tuple[tuple[int, int], ...]) -> PackedLayout:
+    """ref2va's `[text L | reference blocks | audio 2A | video]`: one block per reference image of its own latent
+    size (Hl_i, Wl_i) on its own spatial grid, at RoPE time L + i (an image takes one integer rotary slot); the
+    generated audio and video start their clocks at L + n for n references. `text_tags` tags the L text rows (vision
+    blocks as video)."""
+    length = len(text_tags)
+    if length < 1:
+        raise ValueError("text_tags: expected at least one text row")
+    a = geometry.audio_latents
+    t, hp, wp = geometry.patch_grid
+    blocks = [(lh // 2, lw // 2) for lh, lw in reference_sizes]
+    cond = sum(h * w for h, w in blocks)
+    audio_start = length + cond
+    video_start = audio_start + AUDIO_CHANNELS * a
+    seq = video_start + t * hp * wp
+    positions = np.zeros((seq, 3), dtype=np.float64)
+    positions[:length, 0] = np.arange(length, dtype=np.float64)
+    cursor, clock = length, float(length)
+    for (lh, lw), (h, w) in zip(reference_sizes, blocks):
+        frame = positions[cursor: cursor + h * w].reshape(h, w, 3)
+        frame[..., 0] = clock
+        frame[..., 1] = spatial_grid(lh, lh, lw)[:, None]
+        frame[..., 2] = spatial_grid(lw, lh, lw)[None, :]
+        cursor += h * w
+        clock += 1.0
+    h_grid = spatial_grid(geometry.latent_height, geometry.latent_height, geometry.latent_width)  # [Hl/2]
+    w_grid = spatial_grid(geometry.latent_width, geometry.latent_height, geometry.latent_width)  # [Wl/2]
+    positions[audio_start:video_start, 0] = np.tile(clock + np.arange(a, dtype=np.float64), AUDIO_CHANNELS)
+    positions[audio_start : audio_start + a, 2] = w_grid[0]
+    positions[audio_start + a : video_start, 2] = w_grid[-1]
+    video = positions[video_start:].reshape(t, hp, wp, 3)  # view: raster f → y → x
+    video[..., 0] = temporal_grid(t, clock)[:, None, None]
+    video[..., 1] = h_grid[None, :, None]
+    video[..., 2] = w_grid[None, None, :]
+    tags = torch.full((seq,), VIDEO_TAG, dtype=torch.long)
+    tags[:length] = torch.tensor(text_tags, dtype=torch.long)
+    tags[audio_start:video_start] = AUDIO_TAG
+    return PackedLayout(
+        text_rows=length,
+        audio_rows=AUDIO_CHANNELS * a,
+        video_grid=(t, hp, wp),
+        token_tags=tags,
+        position_ids=torch.from_numpy(positions),
+        video_indices=torch.cat([torch.arange(length, audio_start), torch.arange(video_start, seq)]),
+        audio_indices=torch.arange(audio_start, video_start),
+        text_indices=torch.arange(length),
+        condition_rows=cond,
+    )
+
+
 def row_timesteps(t_video: float, t_audio: float, layout: PackedLayout,
                   condition_time: float = 0.999) -> tuple[torch.Tensor, torch.Tensor]:
     """Distinct clean times and each row's index into them: (timestep fp32 [M], timestep_indices long [S]).

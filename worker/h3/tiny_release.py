@@ -69,6 +69,8 @@ _TRANSFORMER, _TEXT_ENCODER, _VIDEO_VAE, _AUDIO_VAE, _REF_TRANSFORMER = range(5)
 NATIVE_TINY_MODEL_ID = "h3batch/MiniMax-H3-native-tiny"
 NATIVE_TINY_SAMPLING = {"num_inference_steps": 4, "text_encoder_layer": TINY_TEXT_HIDDEN_LAYER}
 """4 grid points (3 forwards) keep a CPU render short; the published release runs diffusers' 50 (49 forwards)."""
+NATIVE_TINY_REFERENCE_SHORT_EDGE = 128
+"""ref2va references are encoded at a 128-pixel short edge in the tiny release (2048 in the published one)."""
 
 # Fixed built-in text the tokenizer is trained on (prompt-like English, so tiny prompts tokenize compactly).
 _TOKENIZER_CORPUS = """\
@@ -468,7 +470,9 @@ def build_tiny_native_release(out: str | Path, seed: int = 0) -> TinyRelease:
     if release.exists() and any(release.iterdir()):
         raise ValueError(f"output directory must be empty or absent, found files in {release}")
     release.mkdir(parents=True, exist_ok=True)
-    _write(release / contract.MODULAR_INDEX_FILE, _json_bytes(_modular_index(NATIVE_TINY_MODEL_ID, native=True)))
+    index = _modular_index(NATIVE_TINY_MODEL_ID, native=True)
+    index["reference_image_short_edge"] = NATIVE_TINY_REFERENCE_SHORT_EDGE  # a pipeline config diffusers reads here
+    _write(release / contract.MODULAR_INDEX_FILE, _json_bytes(index))
     _write(release / contract.CANVAS_FILE, _json_bytes(TINY_CANVAS.as_json()))
     _write(release / contract.SAMPLING_FILE, _json_bytes(NATIVE_TINY_SAMPLING))
     _write_transformer(release, seed, gates=False)

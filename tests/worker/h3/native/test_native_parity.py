@@ -20,7 +20,7 @@ from h3batch.worker.h3.loader import load_transformer
 from h3batch.worker.h3.text_encoder import TextEncoder
 from h3batch.worker.pipeline import Pipeline, RenderRequest, load_native_vaes, load_vision
 
-WIDTH, HEIGHT, SECONDS, SEED = 256, 128, 5.0, 7
+WIDTH, HEIGHT, SECONDS, SEED = 256, 128, 5.0, 7  # 5 s: the native release's shortest clip
 PROMPT = "a red fox runs across the snow"
 _rng = np.random.default_rng(0)
 FIRST = Image.fromarray(_rng.integers(0, 256, (100, 180, 3), dtype=np.uint8))  # another aspect: stretched
@@ -31,6 +31,7 @@ CASES = {
     "fl2va-first": ("fl2va", {"image": FIRST}, {"first_frame": FIRST}),
     "fl2va-last": ("fl2va", {"last_image": LAST}, {"last_frame": LAST}),
     "fl2va-both": ("fl2va", {"image": FIRST, "last_image": LAST}, {"first_frame": FIRST, "last_frame": LAST}),
+    "ref2va": ("ref2va", {}, {"references": (FIRST, LAST)}),
 }
 
 
@@ -62,6 +63,7 @@ def ours(native):
     video_vae, audio_vae = load_native_vaes(root)
     pipe = Pipeline(info, dit, text, video_vae, audio_vae, torch.device("cpu"))
     pipe.vision = load_vision(root, torch.device("cpu"))
+    pipe.ref_dit = load_transformer(root / "transformer_ref", vsa_gates=False, dtype=torch.float32)
     return pipe
 
 
@@ -75,11 +77,16 @@ def _our_latents(pipe, task, images):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_latents_after_the_loop_equal_diffusers(native, ours, case, monkeypatch):
-    """t2va and fl2va (first, last, both keyframes): our latents after the loop are bit-identical to diffusers'
-    MiniMaxH3ModularPipeline's for the same prompt, canvas, frame count, seed and 4-point grid."""
+    """t2va, fl2va (first, last, both keyframes) and ref2va (two image references, on transformer_ref/): our
+    latents after the loop are bit-identical to diffusers' MiniMaxH3ModularPipeline's for the same prompt, canvas,
+    frame count, seed and 4-point grid."""
     task, oracle_images, our_images = CASES[case]
     oracle = _oracle(native.release_dir, task, monkeypatch)
     geo = RequestGeometry(WIDTH, HEIGHT, SECONDS)
+    if task == "ref2va":  # diffusers' reference dataclass, in the order the prompt reads them
+        from diffusers.modular_pipelines.minimax_h3.references import MiniMaxH3ImageReference
+
+        oracle_images = {"references": [MiniMaxH3ImageReference(image=FIRST), MiniMaxH3ImageReference(image=LAST)]}
     out = oracle(prompt=PROMPT, height=HEIGHT, width=WIDTH, num_frames=geo.num_frames,
                  generator=torch.Generator().manual_seed(SEED), num_inference_steps=4, **oracle_images,
                  output=["latents", "audio_latents"])
@@ -88,8 +95,8 @@ def test_latents_after_the_loop_equal_diffusers(native, ours, case, monkeypatch)
 
 
 def test_keyframes_change_the_clip(ours):
-    """The keyframes are conditioning, not decoration: each fl2va variant's latents differ from t2va's and from each
-    other's (same prompt and seed)."""
+    """The images are conditioning, not decoration: each fl2va variant's and ref2va's latents differ from t2va's and
+    from each other's (same prompt and seed)."""
     results = {case: _our_latents(ours, task, images)[0] for case, (task, _, images) in CASES.items()}
     cases = list(results)
     for i, a in enumerate(cases):
