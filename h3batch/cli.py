@@ -93,7 +93,7 @@ def _beat(argv: list[str]) -> int:
 
 
 COMMANDS: tuple[Command, ...] = (
-    Command("build-tiny", "write the deterministic tiny release in the exact V2 layout", _build_tiny),
+    Command("build-tiny", "write the deterministic tiny release in the exact V2 (or --kind native) layout", _build_tiny),
     Command("build-tiny-adapters", "write deterministic tiny adapters (per-job LoRAs, the legacy FastH3 one)",
             _build_tiny_adapters),
     Command("check-release", "validate a release directory against the checkpoint contract", _check_release),

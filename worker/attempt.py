@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from h3batch.core import defaults, jobs, lease
+from h3batch.core import defaults, jobs, keys, lease
 from h3batch.core.artifact_store import ArtifactStore, StoreUnavailable, open_store, sha256_file
 from h3batch.core.exceptions import (
     ExceedsWorkerCapacity,
@@ -24,6 +24,7 @@ from h3batch.core.exceptions import (
     InvalidRequest,
     JobError,
     LoraBaseMismatch,
+    LoraUnavailable,
     NoCapableWorker,
     ReleaseMismatch,
 )
@@ -132,6 +133,7 @@ class Attempt:
             raise LoraBaseMismatch(f"loras: this worker serves {pipeline.release_id!r}, a release that takes no "
                                    "adapters (FastH3 V2 is a full checkpoint); per-job LoRAs need the native "
                                    "MiniMax-H3 release")
+        self._use_loras(record.get("loras") or [], task)
         self.meta = job_metadata.for_job(record, release_id=pipeline.release_id,
                                          contract_hash=getattr(pipeline, "contract_hash", ""),
                                          device=str(getattr(pipeline, "device", "") or settings.device or "") or None,
@@ -151,6 +153,26 @@ class Attempt:
         self.job_dir.mkdir(parents=True, exist_ok=True)
         return pipeline.render(request, lease.attempt_path(self.job_dir, self.number),
                                on_progress=self.on_progress, should_cancel=self.should_cancel)
+
+    def _use_loras(self, items: list, task: str) -> None:
+        """The job's per-job LoRAs on the resident DiT (none: every hook off); an adapter set already applied (the
+        previous job's) is kept, and each set applied is counted in h3b:stats `lora_applies`."""
+        pipeline = self.res.pipeline
+        if not getattr(pipeline, "takes_loras", False):
+            return
+        if items and task == "ref2va":
+            raise LoraBaseMismatch("loras: per-job LoRAs apply to the t2va/fl2va partition (transformer/), not "
+                                   "ref2va's transformer_ref/")
+        from h3batch.worker.h3.adapters import AdapterError  # noqa: PLC0415  (torch)
+
+        try:
+            applied = pipeline.use_loras(items)
+        except AdapterError as exc:
+            raise LoraBaseMismatch(f"loras: {exc}") from None
+        except (OSError, ValueError) as exc:  # a folder gone, the Hub unreachable or offline without it cached
+            raise LoraUnavailable(f"loras: could not load an adapter: {type(exc).__name__}: {exc}") from None
+        if applied:
+            self.res.r.hincrby(keys.STATS, "lora_applies", applied)
 
     def on_progress(self, stage: str, step: int, total: int) -> None:
         """Pipeline callback at every stage and denoise step: record stage, step and progress (never backwards)."""

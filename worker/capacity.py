@@ -14,19 +14,24 @@ from h3batch.core import routing
 from h3batch.core.geometry import CONTRACT_MAX_ROWS
 from h3batch.settings import Settings
 
-RELEASE_TASKS = {"v2": ("t2va",)}
-"""The tasks each release kind serves (core/routing.TASKS). The native MiniMax-H3 kind adds its entry here."""
+RELEASE_TASKS = {"v2": ("t2va",), "native": ("t2va", "fl2va", "ref2va")}
+"""The tasks each release kind can serve (core/routing.TASKS); a native release without `transformer_ref/` serves
+t2va and fl2va only (its `info.tasks`)."""
 
 
 def release_kind_and_tasks(pipeline: Any) -> tuple[str, tuple[str, ...]]:
-    """The release kind a loaded pipeline serves and that kind's tasks: the one place the heartbeat's `release_kind`
-    and `tasks` come from. The kind is the contract check's (`pipeline.info.kind`, or `pipeline.release_kind` for a
-    rank group) when it records one; a release without one is FastH3 V2 (`v2`), the only kind checked today."""
+    """The release kind a loaded pipeline serves and the tasks it serves: the one place the heartbeat's
+    `release_kind` and `tasks` come from. The kind is the contract check's (`pipeline.info.kind`, or
+    `pipeline.release_kind` for a rank group); a release without one is FastH3 V2 (`v2`). The tasks are the
+    pipeline's own (`pipeline.tasks`: what the release's layout holds), else the release's (`info.tasks`), else the
+    kind's, always within the kind's."""
     info = getattr(pipeline, "info", None)
     kind = getattr(info, "kind", None) or getattr(pipeline, "release_kind", None) or "v2"
+    kind = str(getattr(kind, "value", kind))
     if kind not in RELEASE_TASKS:
         raise ValueError(f"release kind {kind!r}: this worker knows the tasks of {', '.join(RELEASE_TASKS)} only")
-    return kind, RELEASE_TASKS[kind]
+    served = getattr(pipeline, "tasks", None) or getattr(info, "tasks", None) or RELEASE_TASKS[kind]
+    return kind, tuple(t for t in served if t in RELEASE_TASKS[kind])
 
 
 def capability_of(pipeline: Any, settings: Settings, max_rows: int) -> routing.Capability:

@@ -26,18 +26,28 @@ ViT block compiled, and `warm_up` runs every compiled path once so that no job p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from h3batch.core.geometry import RequestGeometry, check_canvas_area
 from h3batch.worker.h3 import base_vae_fetch, contract, decode, mp4, packing, release_ref, vae_checkpoint_convert
 from h3batch.worker.h3 import memory_plan as memory_plan
+from h3batch.worker.h3.adapters import WorkerLoras
+from h3batch.worker.h3.legacy_adapter import (
+    LegacyAdapter,
+    adapter_folder,
+    fuse_legacy_adapter,
+    read_legacy_adapter,
+    refuse_on_full_checkpoint,
+    sigma_summary,
+)
 from h3batch.worker.h3.loader import load_transformer
 from h3batch.worker.h3.sampler import SigmaLadder, initial_noise
 from h3batch.worker.h3.vsa_plan import vsa_plan_for_layout
@@ -75,6 +85,46 @@ class WriteOptions:
         return cls(tile_batch=None, stream_mux=False, preset=mp4.LEGACY_VIDEO_PRESET)
 
 
+LEGACY_PLAN_SPARSITY = 0.5
+"""Any sparsity < 1 builds the VSA plan that H3BATCH_ADAPTER's fixed top-k then overrides."""
+IMPLEMENTED_TASKS = {"v2": ("t2va",), "native": ("t2va", "fl2va", "ref2va")}
+"""The tasks this pipeline renders per release kind (a release's layout may hold more: `info.tasks`)."""
+NATIVE_MIN_SECONDS = 5.0
+"""Shortest clip of the native release (diffusers' `MiniMaxH3ModularPipeline.min_duration`); V2 renders from 4 s."""
+NATIVE_RANKS_REFUSAL = ("H3BATCH_RANKS={ranks}: a native MiniMax-H3 release is served by one GPU per worker "
+                        "(H3BATCH_RANKS=1); sequence-parallel rank groups serve FastH3 V2 releases only")
+
+
+def info_kind(info: contract.ReleaseInfo) -> str:
+    return info.kind.value
+
+
+@dataclass(frozen=True, eq=False)
+class Vision:
+    """What the native release's keyframe / reference tasks load beside t2va: the Qwen3-VL image processor and the
+    video VAE with its encoder (fp32; the serving decoder copy drops its encoder)."""
+
+    image_processor: Any
+    video_encoder: Any
+
+
+def load_vision(root: Path, device: torch.device) -> Vision:
+    from transformers import Qwen2VLImageProcessorPil  # the PIL backend: the same numbers without torchvision
+
+    encoder_vae, _ = load_native_vaes(root)
+    encoder_vae.decoder = None  # encode only: the serving decoder is its own copy (decode.prepare_video_decoder)
+    return Vision(Qwen2VLImageProcessorPil.from_pretrained(root / contract.PROCESSOR_DIR),
+                  encoder_vae.to(device).eval())
+
+
+def load_native_vaes(root: Path):
+    """The native release's video and audio VAEs from its Diffusers-format `vae/` and `audio_vae/` (fp32, CPU)."""
+    from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
+
+    return (AutoencoderKLMiniMaxH3.from_pretrained(root / contract.VIDEO_VAE_DIR, torch_dtype=torch.float32),
+            AutoencoderKLMiniMaxH3Audio.from_pretrained(root / contract.AUDIO_VAE_DIR, torch_dtype=torch.float32))
+
+
 class RenderCancelled(Exception):
     """The caller asked to stop; raised at the next step boundary, nothing is written."""
 
@@ -89,6 +139,10 @@ class RenderRequest:
     height: int = 128
     seed: int = 0
     metadata: tuple[tuple[str, str], ...] = ()  # extra MP4 tags (job id, resolved params, versions), in order
+    task: str = "t2va"  # t2va | fl2va | ref2va (core/routing.TASKS); fl2va and ref2va need the native release
+    first_frame: Any = None  # fl2va: the keyframe the clip starts from (a PIL image or an image file path)
+    last_frame: Any = None  # fl2va: the keyframe the clip ends on
+    references: tuple[Any, ...] = ()  # ref2va: reference images, in the order the prompt reads them
 
 
 @dataclass(frozen=True)
@@ -120,6 +174,18 @@ def validate_request(req: RenderRequest) -> None:
     """Refuse a request no release can render (ValueError naming the field); needs no loaded model."""
     if not isinstance(req.prompt, str) or not req.prompt.strip():
         raise ValueError("prompt: expected a non-empty string")
+    images = {"first_frame": req.first_frame is not None, "last_frame": req.last_frame is not None,
+              "references": bool(req.references)}
+    expected = {"t2va": (), "fl2va": ("first_frame", "last_frame"), "ref2va": ("references",)}
+    if req.task not in expected:
+        raise ValueError(f"task: expected one of {', '.join(expected)}, found {req.task!r}")
+    stray = [name for name, given in images.items() if given and name not in expected[req.task]]
+    if stray:
+        raise ValueError(f"{stray[0]}: not an input of task {req.task} (its inputs: "
+                         f"{', '.join(expected[req.task]) or 'the prompt only'})")
+    if expected[req.task] and not any(images[name] for name in expected[req.task]):
+        raise ValueError(f"{expected[req.task][0]}: task {req.task} needs "
+                         f"{' and/or '.join(expected[req.task])}, found none")
     RequestGeometry(req.width, req.height, req.seconds)
     check_canvas_area(req.width, req.height)  # the request contract's area cap, as the API refuses it
     if isinstance(req.seed, bool) or not isinstance(req.seed, int) or not 0 <= req.seed < 2**63:
@@ -221,12 +287,47 @@ class Pipeline:
         self.video_vae = video_vae
         self.audio_vae = audio_vae
         self.device = device
-        self.ladder = SigmaLadder.v2()
-        self.sparsity = float(info.entry.contract.vsa_sparsity)
+        native = info.native
+        self.ladder = (SigmaLadder.v2() if native is None
+                       else SigmaLadder.native(native.grid_points, native.video_shift, native.audio_shift))
+        self.sparsity = float(info.vsa_sparsity)  # 0.0: dense attention (the native release has no VSA gates)
         self.canvas = info.canvas  # default size and bucket budget of this release (callers resolve sizes with it)
         self.write_options = write_options or WriteOptions()
         self.memory_plan: memory_plan.MemoryPlan | None = None  # set by `load`; None for a DiT-only rank
-        self.takes_loras = False  # FastH3 V2 is a full checkpoint: per-job LoRAs are refused (docs/adapters.md)
+        self.vision: Vision | None = None  # fl2va / ref2va inputs (native release only): set by `load`
+        self.ref_dit = None  # ref2va's DiT, the native release's transformer_ref/ partition: set by `load`
+        # Per-job LoRAs on `dit` (worker/h3/adapters.py): set by `load` for a native release without H3BATCH_ADAPTER.
+        # None: this release takes none (FastH3 V2 is a full checkpoint; a fused legacy adapter excludes them).
+        self.loras: WorkerLoras | None = None
+        self.adapter: LegacyAdapter | None = None  # H3BATCH_ADAPTER, fused into `dit` at load
+        self.vsa_topk: int | None = None  # H3BATCH_ADAPTER's fixed VSA top-k (None: the plan's own)
+
+    @property
+    def takes_loras(self) -> bool:
+        """Whether jobs may name per-job LoRAs here (core/loras.py; the attempt refuses them otherwise)."""
+        return self.loras is not None
+
+    def use_loras(self, items: Sequence[dict]) -> int:
+        """Make the DiT carry exactly the job's adapters (core/loras.py records); returns how many adapter sets were
+        applied (0 when the set was already applied, as for the next job of a batch). AdapterError when one does not
+        fit this DiT."""
+        if self.loras is None:
+            return 0
+        before = self.loras.applies
+        self.loras.use(items)
+        return self.loras.applies - before
+
+    @property
+    def release_kind(self) -> str:
+        return info_kind(self.info)
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """The tasks this pipeline renders: the release's (`info.tasks`) that this code path implements and, past
+        t2va, has the vision inputs loaded for (with H3BATCH_ADAPTER, only the tasks the adapter distils)."""
+        served = tuple(t for t in self.info.tasks if t in IMPLEMENTED_TASKS[self.release_kind]
+                       and (t == "t2va" or self.vision is not None) and (t != "ref2va" or self.ref_dit is not None))
+        return served if self.adapter is None else tuple(t for t in served if t in self.adapter.sampling.tasks)
 
     @property
     def precision(self) -> str:
@@ -239,7 +340,8 @@ class Pipeline:
     def load(cls, release: str | Path, *, device: str | torch.device | None = None,
              hf_cache: str | Path | None = None, require_pinned_base: bool = False,
              warm_up: Sequence[RenderRequest] | None = None, text_placement: str = "auto",
-             ranks: int = 1, precision: str = "bf16", adapter: str | None = None) -> Pipeline:
+             ranks: int = 1, precision: str = "bf16", adapter: str | None = None,
+             lora_cache_mb: int = 2048) -> Pipeline:
         """Resolve the release (a directory or a Hub reference), validate it, fetch the base VAEs at the provenance
         revision and load every model; raises ValueError on any violation (the reference, contract and fetch errors
         are one line naming what failed).
@@ -255,8 +357,11 @@ class Pipeline:
         `precision` is H3BATCH_PRECISION (worker/h3/precision.py): `bf16` loads the DiT as released; `fp8`
         quantizes its block linears once, after loading (refused before any loading on a GPU without e4m3 GEMMs).
 
-        `adapter` is H3BATCH_ADAPTER, the legacy FastH3 adapter: refused on this (FastH3 V2) release with a
-        LegacyAdapterError (a ValueError) naming the variable."""
+        `adapter` is H3BATCH_ADAPTER, the legacy FastH3 adapter (a folder or `org/name@revision`): on a native release
+        it is fused into the DiT before precision and sharding, and its own ladder and VSA top-k replace the
+        release's; on a V2 release, or one it does not fit, a LegacyAdapterError (a ValueError) names the variable and
+        the first bad key. Without it a native release takes per-job LoRAs, `lora_cache_mb` of factors kept loaded
+        (worker/h3/adapters.py); see docs/adapters.md."""
         from h3batch.worker.h3.precision import apply_precision, check_device, check_precision
         from h3batch.worker.h3.text_encoder import TextEncoder
         from h3batch.worker.h3.text_placement import place_text_encoder
@@ -266,31 +371,69 @@ class Pipeline:
         check_device(precision, device)
         resolved = release_ref.resolve_release(release, release_ref.ReleaseRole.TEXT, cache_dir=hf_cache)
         info = contract.validate_release(resolved.path, require_pinned_base=require_pinned_base)
-        log.info("release %s: %s", info.model_id, info.startup_log_line)
+        native = info.kind is contract.ReleaseKind.NATIVE
+        if native and ranks > 1:
+            raise ValueError(NATIVE_RANKS_REFUSAL.format(ranks=ranks))
+        log.info("release %s (%s, tasks %s): %s", info.model_id, info.kind.value, ",".join(info.tasks),
+                 info.startup_log_line)
         if adapter:  # H3BATCH_ADAPTER edits the native base only (docs/adapters.md); refused before any weight loads
-            from h3batch.worker.h3.legacy_adapter import refuse_on_full_checkpoint
-
-            refuse_on_full_checkpoint(getattr(info, "kind", None) or "v2")
-        base = base_vae_fetch.resolve_base_vaes(info, cache_dir=hf_cache, require_pinned=require_pinned_base)
-        provenance = provenance_of(info, resolved, base)
-        log.info("release %s commit %s; base %s@%s resolved to commit %s", provenance["release"],
-                 provenance["release_commit"] or "(local directory)", base.repo_id, base.revision, base.commit)
+            refuse_on_full_checkpoint(info.kind.value)
+            if "t2va" not in info.tasks:
+                raise ValueError("H3BATCH_ADAPTER: the legacy FastH3 adapter distils t2va, which this release lacks")
         root = Path(info.path)
-        dit = apply_precision(load_transformer(root / "transformer", vsa_gates=True, device=device), precision)
+        vision = None
+        if native:  # the native release carries its own Diffusers-format VAEs: nothing is fetched
+            base = None
+            provenance = provenance_of(info, resolved, None)
+            video_vae, audio_vae = load_native_vaes(root)
+            if "fl2va" in info.tasks:  # the keyframe path: image processor + the video VAE's encoder (only here)
+                vision = load_vision(root, device)
+        else:
+            base = base_vae_fetch.resolve_base_vaes(info, cache_dir=hf_cache, require_pinned=require_pinned_base)
+            provenance = provenance_of(info, resolved, base)
+            log.info("release %s commit %s; base %s@%s resolved to commit %s", provenance["release"],
+                     provenance["release_commit"] or "(local directory)", base.repo_id, base.revision, base.commit)
+            video_vae = vae_checkpoint_convert.load_video_vae(base.root)
+            audio_vae = vae_checkpoint_convert.load_audio_vae(base.root)
+        dit = load_transformer(root / "transformer", vsa_gates=not native, device=device)
+        legacy = None
+        if adapter:  # fused before precision and any sharding: the adapter edits the bf16 weights as released
+            legacy = read_legacy_adapter(adapter_folder(adapter, hf_cache))
+            changed = fuse_legacy_adapter(dit, legacy)
+            log.info("H3BATCH_ADAPTER %s (%s): %d parameters fused; its %d steps replace the release's",
+                     adapter, legacy.identity, len(changed), legacy.sampling.num_steps)
+        dit = apply_precision(dit, precision)
+        ref_dit = None
+        if native and "ref2va" in info.tasks:  # the second partition: only a release that has it serves ref2va
+            ref_dit = apply_precision(load_transformer(root / contract.REF_TRANSFORMER_DIR, vsa_gates=False,
+                                                       device=device), precision)
         cuda = device.type == "cuda"
         # Decoder only, on every device: the encoder (0.67 GiB at V2 size) is dropped before the move, so it never
         # reaches the GPU; decode post-processing then runs per temporal chunk (WriteOptions.tile_batch=0).
-        video_vae = decode.prepare_video_decoder(vae_checkpoint_convert.load_video_vae(base.root).eval(),
-                                                 torch.float16 if cuda else None, compile_blocks=cuda).to(device)
-        audio_vae = vae_checkpoint_convert.load_audio_vae(base.root).to(device).eval()
+        video_vae = decode.prepare_video_decoder(video_vae.eval(), torch.float16 if cuda else None,
+                                                 compile_blocks=cuda).to(device)
+        audio_vae = audio_vae.to(device).eval()
         # The encoder loads into host memory; the plan decides whether its text stack moves to the GPU.
-        text = TextEncoder.load(root / "text_encoder", root / "tokenizer", info.entry.text_hidden_layer,
+        text = TextEncoder.load(root / "text_encoder", root / "tokenizer", info.text_hidden_layer,
                                 "cpu" if cuda else device)
         plan = plan_for(device, dit, text, video_vae, audio_vae, ranks=ranks, canvas=info.canvas.default,
                         placement=text_placement)
         text = place_text_encoder(text, device, plan.placement, keep_max_rows=plan.keep_encoder_max_rows)
         log.info("memory plan (%s):\n%s", device, memory_plan.format_plan(plan))
         pipe = cls(info, dit, text, video_vae, audio_vae, device, provenance)
+        pipe.vision = vision
+        pipe.ref_dit = ref_dit
+        if legacy is not None:
+            pipe.adapter = legacy
+            pipe.ladder = legacy.sampling.ladder(info.native.video_shift, info.native.audio_shift)
+            if legacy.sampling.vsa_topk is not None:  # the student's fixed top-k: a plan is built, its k replaced
+                pipe.sparsity, pipe.vsa_topk = LEGACY_PLAN_SPARSITY, legacy.sampling.vsa_topk
+            pipe.provenance.update({"adapter": adapter, "adapter_model": legacy.identity,
+                                    "adapter_steps": legacy.sampling.num_steps})
+            log.info("legacy adapter sampling: %d forwards, %s, VSA top-k %s", legacy.sampling.num_steps,
+                     sigma_summary(pipe.ladder), legacy.sampling.vsa_topk or "none (dense)")
+        elif native:
+            pipe.loras = WorkerLoras(dit, lora_cache_mb << 20, hf_cache)
         pipe.memory_plan = plan
         if cuda:
             canvas = pipe.canvas
@@ -304,6 +447,12 @@ class Pipeline:
     def validate(self, req: RenderRequest) -> None:
         """Refuse a request this release cannot render (ValueError naming the field)."""
         validate_request(req)
+        if req.task not in self.tasks:
+            raise ValueError(f"task: this worker renders {', '.join(self.tasks)} ({self.release_kind} release), "
+                             f"found {req.task!r}")
+        if self.info.kind is contract.ReleaseKind.NATIVE and req.seconds < NATIVE_MIN_SECONDS:
+            raise ValueError(f"seconds: expected {NATIVE_MIN_SECONDS:g} to 15 on the native MiniMax-H3 release "
+                             f"(diffusers' min_duration), found {req.seconds!r}")
 
     def close(self) -> None:
         """Nothing to stop: the models live in this process (a rank group's `close` stops its processes)."""
@@ -357,13 +506,21 @@ class Pipeline:
         boundary()
         progress("text_encode", 0, 0)
         t0 = time.perf_counter()
-        features, text_rows = self.text_encoder.encode(req.prompt)
-        layout = packing.build_packed_layout(text_rows, geo)
+        generator = torch.Generator(device="cpu").manual_seed(req.seed)  # the request's: conditions draw first
+        conditions: list[torch.Tensor] = []  # fl2va keyframe rows, noised to their anchor time, in packed order
+        if req.task == "t2va":
+            features, text_rows = self.text_encoder.encode(req.prompt)
+            layout = packing.build_packed_layout(text_rows, geo)
+        else:
+            features, layout, conditions = self._condition(req, geo, generator)
         settle = getattr(self.text_encoder, "settle", None)
         if settle is not None:  # a hosted encoder leaves the GPU unless this clip fits beside it
             settle(layout.sequence_length)
-        refined = self.dit.refine_text(features.to(self.device))
-        plan = vsa_plan_for_layout(layout, sparsity=self.sparsity)
+        dit = self.ref_dit if req.task == "ref2va" else self.dit
+        refined = dit.refine_text(features.to(self.device))
+        plan = vsa_plan_for_layout(layout, sparsity=self.sparsity) if self.sparsity > 0 else None  # None: dense
+        if plan is not None and self.vsa_topk is not None:  # H3BATCH_ADAPTER's fixed top-k
+            plan = dataclasses.replace(plan, top_k=min(self.vsa_topk, plan.num_video_tiles))
         dev_layout = layout.to(self.device)
         timings["text_encode"] = time.perf_counter() - t0
 
@@ -371,24 +528,52 @@ class Pipeline:
         total = self.ladder.num_steps
         run_steps = total if steps is None else min(total, steps)
         t0 = time.perf_counter()
-        video_noise, audio = initial_noise(req.seed, geo)
-        video = packing.patchify_video(video_noise).to(self.device)  # [1, Nv, 96]
+        video_noise, audio = initial_noise(req.seed, geo, generator=generator)
+        video = packing.patchify_video(video_noise).to(self.device)  # [1, Nv, 96] generated rows
+        held = torch.cat(conditions, dim=1).to(self.device) if conditions else None  # [1, C, 96] keyframe rows
         audio = audio.unsqueeze(0).to(self.device)  # [1, 2A, 32]
+        c = layout.condition_rows
         for k in range(run_steps):
             boundary()
             t_video, t_audio = self.ladder.timesteps(k)
             timestep, timestep_indices = packing.row_timesteps(t_video, t_audio, dev_layout)
-            v_video, v_audio = self.dit(
-                video, audio, None, timestep, timestep_indices, dev_layout.token_tags, dev_layout.position_ids,
+            rows = video if held is None else torch.cat([held, video], dim=1)  # keyframe rows first (video_indices)
+            v_video, v_audio = dit(
+                rows, audio, None, timestep, timestep_indices, dev_layout.token_tags, dev_layout.position_ids,
                 dev_layout.video_indices, dev_layout.audio_indices, dev_layout.text_indices,
                 vsa_plan=plan, refined_text=refined,
             )
-            video, audio = self.ladder.step(k, video, v_video, audio, v_audio)
+            video, audio = self.ladder.step(k, video, v_video[:, c:], audio, v_audio)  # only generated rows move
             progress("denoise", k + 1, total)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         timings["denoise"] = time.perf_counter() - t0
         return DenoisedClip(req, geo, layout, video, audio, timings)
+
+    def _condition(self, req: RenderRequest, geo: RequestGeometry, generator: torch.Generator):
+        """fl2va's / ref2va's text features, layout and anchor rows (worker/h3/conditioning.py has the data flow)."""
+        from h3batch.worker.h3 import conditioning
+        from h3batch.worker.h3.text_encoder import encode_presentation
+
+        if req.task == "fl2va":
+            keyframes = conditioning.place_keyframes(req.first_frame, req.last_frame, geo.width, geo.height)
+            images = keyframes.images
+        else:  # ref2va
+            images = conditioning.place_references(req.references, self.info.native.reference_short_edge)
+        prompt_ids = self.text_encoder.tokenize(req.prompt)
+        shown = conditioning.presentation(self.text_encoder.tokenizer, self.vision.image_processor, prompt_ids,
+                                          images, text_tag=packing.TEXT_TAG, video_tag=packing.VIDEO_TAG)
+        features = encode_presentation(self.text_encoder, shown.token_ids, shown.mm_token_type_ids,
+                                       shown.vision_inputs)
+        anchors = [conditioning.encode_condition(self.vision.video_encoder, image) for image in images]
+        if req.task == "fl2va":
+            layout = packing.build_packed_layout(len(shown.token_ids), geo, text_tags=shown.token_tags,
+                                                 keyframe_anchors=keyframes.anchors)
+        else:
+            layout = packing.build_reference_layout(shown.token_tags, geo,
+                                                    tuple(tuple(a.shape[-2:]) for a in anchors))
+        rows = [packing.patchify_video(conditioning.noised_condition(anchor, generator)) for anchor in anchors]
+        return features, layout, rows
 
     @torch.inference_mode()
     def write(self, clip: DenoisedClip, out_path: str | Path, *, on_progress: ProgressFn | None = None,

@@ -37,7 +37,9 @@ from pathlib import Path
 
 import torch
 
-from h3batch.worker.pipeline import Pipeline, ProgressFn, RenderCancelled, RenderRequest, RenderResult, validate_request
+from h3batch.worker.pipeline import (
+    NATIVE_RANKS_REFUSAL, Pipeline, ProgressFn, RenderCancelled, RenderRequest, RenderResult, validate_request,
+)
 
 log = logging.getLogger("h3batch.rank_group")
 
@@ -75,7 +77,7 @@ def ranks_from_env(environ: dict[str, str] | None = None) -> int:
 def load_pipeline(release_dir: str | Path, *, ranks: int = 1, device: str | torch.device | None = None,
                   hf_cache: str | Path | None = None, require_pinned_base: bool = False,
                   text_placement: str = "auto", precision: str = "bf16",
-                  adapter: str | None = None) -> Pipeline | RankGroupPipeline:
+                  adapter: str | None = None, lora_cache_mb: int = 2048) -> Pipeline | RankGroupPipeline:
     """A resident pipeline: the plain in-process `Pipeline` for ranks = 1, a `RankGroupPipeline` for more.
 
     Both offer release_id, contract_hash, memory_plan, validate(req), render(req, out_path, on_progress=,
@@ -90,7 +92,8 @@ def load_pipeline(release_dir: str | Path, *, ranks: int = 1, device: str | torc
         raise ValueError("H3BATCH_ADAPTER: the legacy FastH3 adapter is fused on one rank only (H3BATCH_RANKS=1)")
     if ranks == 1:
         return Pipeline.load(release_dir, device=device, hf_cache=hf_cache, require_pinned_base=require_pinned_base,
-                             text_placement=text_placement, precision=precision, adapter=adapter)
+                             text_placement=text_placement, precision=precision, adapter=adapter,
+                             lora_cache_mb=lora_cache_mb)
     return RankGroupPipeline.start(release_dir, ranks=ranks, device=device, hf_cache=hf_cache,
                                    require_pinned_base=require_pinned_base, text_placement=text_placement,
                                    precision=precision)
@@ -416,6 +419,8 @@ def _load_rank_pipeline(rank: int, spec: RankSpec, device: torch.device) -> Pipe
         resolved = release_ref.resolve_release(spec.release_dir, release_ref.ReleaseRole.DIT, cache_dir=spec.hf_cache)
         info = contract.validate_release(resolved.path, require_pinned_base=spec.require_pinned_base,
                                          conditioner=False)
+        if info.kind is contract.ReleaseKind.NATIVE:
+            raise ValueError(NATIVE_RANKS_REFUSAL.format(ranks=spec.world))
         dit = apply_precision(load_transformer(Path(info.path) / "transformer", vsa_gates=True, device=device),
                               spec.precision)
         pipe = Pipeline(info, dit, None, None, None, device)

@@ -1,5 +1,8 @@
 """`h3batch render`: one prompt to one MP4 on this machine, with a progress bar per step and a JSON summary line.
 
+`--task fl2va` (with `--first-frame` and/or `--last-frame`) and `--task ref2va` (with one `--reference` per image)
+need a native MiniMax-H3 release (`h3batch build-tiny --kind native`); t2va is the default on every release.
+
 Exit 0 on success (the last stdout line is the JSON summary), 2 with one line on stderr for bad input (empty prompt,
 unsupported size or duration, missing or invalid release, a Hub release the cache or Hub cannot serve), 1 for an
 unexpected failure.
@@ -26,7 +29,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="release directory, or Hub repo org/name[@revision] / hf://org/name@revision "
                         "(default: %(default)s)")
     p.add_argument("--prompt", required=True, help="text prompt, used verbatim")
-    p.add_argument("--seconds", type=float, default=4.0, help="duration, 4-15 s (default: %(default)s)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="duration, 4-15 s (5-15 s on the native release; default: the shortest the release renders)")
+    p.add_argument("--task", default="t2va", choices=("t2va", "fl2va", "ref2va"),
+                   help="t2va (text only, default), fl2va (keyframes) or ref2va (reference images); "
+                        "fl2va and ref2va need a native MiniMax-H3 release")
+    p.add_argument("--first-frame", default=None, metavar="IMAGE", help="fl2va: the image the clip starts from")
+    p.add_argument("--last-frame", default=None, metavar="IMAGE", help="fl2va: the image the clip ends on")
+    p.add_argument("--reference", action="append", default=[], metavar="IMAGE",
+                   help="ref2va: a reference image (repeat, up to 9, in the order the prompt reads them)")
     p.add_argument("--width", type=int, default=None,
                    help="multiple of 32 (default: the release's canvas: 1344x768 for V2, 256x128 for the tiny one)")
     p.add_argument("--height", type=int, default=None, help="multiple of 32 (default: the release's canvas)")
@@ -50,6 +61,32 @@ def _parser() -> argparse.ArgumentParser:
 def _fail(message: str) -> int:
     print(f"h3batch render: {message}", file=sys.stderr)
     return 2
+
+
+def _check_images(task: str, images: dict) -> str | None:
+    """The one-line problem with the task's image flags (the wrong flags for the task, a missing one, a file that is
+    not an image), or None."""
+    flags = {"first_frame": "--first-frame", "last_frame": "--last-frame", "references": "--reference"}
+    wanted = {"t2va": (), "fl2va": ("first_frame", "last_frame"), "ref2va": ("references",)}[task]
+    for name, value in images.items():
+        if value and name not in wanted:
+            return f"{flags[name]}: not an input of --task {task}"
+    if wanted and not any(images[name] for name in wanted):
+        return f"--task {task}: expected {' and/or '.join(flags[n] for n in wanted)}"
+    if len(images["references"]) > 9:
+        return f"--reference: expected at most 9 images, got {len(images['references'])}"
+    from PIL import Image, UnidentifiedImageError
+
+    for name, value in images.items():
+        for path in (value if isinstance(value, tuple) else (value,) if value else ()):
+            try:
+                with Image.open(path) as image:
+                    image.verify()
+            except FileNotFoundError:
+                return f"{flags[name]}: no such file {path!r}"
+            except (OSError, UnidentifiedImageError, ValueError) as err:
+                return f"{flags[name]}: {path!r} is not an image ({type(err).__name__})"
+    return None
 
 
 def resolve_hf_cache(release: Path | None, explicit: str | None) -> str | None:
@@ -83,22 +120,27 @@ def main(argv: list[str]) -> int:
     if not out.parent.exists():
         return _fail(f"--out: directory {str(out.parent)!r} does not exist")
 
+    images = {"first_frame": args.first_frame, "last_frame": args.last_frame, "references": tuple(args.reference)}
+    problem = _check_images(args.task, images)
+    if problem:
+        return _fail(problem)
+
     # Heavy imports after argument checks so bad input answers at once.
     from h3batch.core.geometry import V2_CANVAS, GeometryError, RequestGeometry, check_canvas_area
     try:  # a full size (or an aspect ratio) is checked before loading; a half one once the release's canvas is known
         if args.aspect_ratio is not None or None not in (args.width, args.height):
             width, height = V2_CANVAS.resolve(args.width, args.height, args.aspect_ratio)
-            RequestGeometry(width, height, args.seconds)
+            RequestGeometry(width, height, args.seconds or 5.0)
             check_canvas_area(width, height)
         else:  # the side given (if any) and the duration window
             side = args.width if args.width is not None else args.height
-            RequestGeometry(256 if side is None else side, 256 if side is None else side, args.seconds)
+            RequestGeometry(256 if side is None else side, 256 if side is None else side, args.seconds or 5.0)
     except GeometryError as err:
         return _fail(str(err))
 
     from tqdm import tqdm
 
-    from h3batch.worker.pipeline import RenderRequest
+    from h3batch.worker.pipeline import NATIVE_MIN_SECONDS, RenderRequest
     from h3batch.worker.rank_group import RANKS_ENV, RankGroupError, load_pipeline, ranks_from_env
 
     try:
@@ -122,13 +164,16 @@ def main(argv: list[str]) -> int:
 
     try:
         width, height = pipe.canvas.resolve(args.width, args.height, args.aspect_ratio)
-        req = RenderRequest(args.prompt, args.seconds, width, height, args.seed)
+        seconds = args.seconds if args.seconds is not None else (
+            NATIVE_MIN_SECONDS if getattr(pipe, "release_kind", "v2") == "native" else 4.0)
+        req = RenderRequest(args.prompt, seconds, width, height, args.seed, task=args.task, **images)
         pipe.validate(req)
     except ValueError as err:  # GeometryError too
         pipe.close()
         return _fail(str(err).splitlines()[0])
 
-    bar = None if args.no_progress else tqdm(total=8, desc="denoise", unit="step", file=sys.stderr)
+    steps = getattr(getattr(pipe, "ladder", None), "num_steps", 8)
+    bar = None if args.no_progress else tqdm(total=steps, desc="denoise", unit="step", file=sys.stderr)
 
     def on_progress(stage: str, step: int, total: int) -> None:
         if bar is None:

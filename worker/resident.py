@@ -65,7 +65,7 @@ def load_resident(settings: Settings, *, ready: bool = True) -> Resident:
         pipeline = load_pipeline(settings.release_dir, ranks=ranks, device=settings.device,
                                  hf_cache=settings.hf_cache_dir, require_pinned_base=settings.require_pinned_base,
                                  text_placement=settings.text_encoder_placement, precision=settings.precision,
-                                 adapter=settings.adapter)
+                                 adapter=settings.adapter, lora_cache_mb=settings.lora_cache_mb)
         load_s = time.perf_counter() - started
         loads = int(r.hincrby(keys.STATS, "model_loads", 1))
         sender = make_celery(settings.redis_url, max_run_s=settings.max_run_s)

@@ -36,6 +36,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from h3batch.settings import HUB_RELEASE_RE
 from h3batch.worker.h3.loader import map_diffusers_name
 from h3batch.worker.h3.model import H3Transformer
 from h3batch.worker.h3.sampler import SigmaLadder, shifted_sigmas
@@ -248,6 +249,23 @@ def _swap(rows: torch.Tensor) -> torch.Tensor:
     """D [value; gate] -> N [gate; up] over the first axis."""
     half = rows.shape[0] // 2
     return torch.cat((rows[half:], rows[:half]), dim=0)
+
+
+def adapter_folder(ref: str, hf_cache: str | Path | None = None) -> Path:
+    """H3BATCH_ADAPTER's folder: a directory as given, or a Hub repo ``org/name@revision`` fetched into the hub cache
+    (huggingface_hub; ``HF_HUB_OFFLINE=1`` serves only what the cache holds)."""
+    if Path(ref).is_dir():
+        return Path(ref)
+    match = HUB_RELEASE_RE.fullmatch(ref)
+    if match is None:
+        raise LegacyAdapterError(f"expected a folder or org/name@revision, found {ref!r}")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(match["repo"], revision=match["revision"], cache_dir=hf_cache,
+                                      allow_patterns=[WEIGHTS, MANIFEST]))
+    except Exception as exc:  # noqa: BLE001  # the hub's many error types: one line naming the variable
+        raise LegacyAdapterError(f"could not fetch {ref}: {type(exc).__name__}: {exc}") from None
 
 
 def refuse_on_full_checkpoint(release_kind: str) -> None:

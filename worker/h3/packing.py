@@ -106,6 +106,7 @@ class PackedLayout:
     video_indices: torch.Tensor  # long [Nv_rows] = arange(L+2A, S)
     audio_indices: torch.Tensor  # long [2A] = arange(L, L+2A)
     text_indices: torch.Tensor  # long [L] = arange(L)
+    condition_rows: int = 0  # C: fl2va keyframe rows between text and audio (video_indices lists them first)
 
     @property
     def video_rows(self) -> int:
@@ -114,7 +115,7 @@ class PackedLayout:
 
     @property
     def sequence_length(self) -> int:
-        return self.text_rows + self.audio_rows + self.video_rows
+        return self.text_rows + self.condition_rows + self.audio_rows + self.video_rows
 
     def to(self, device: torch.device | str) -> "PackedLayout":
         """The same layout with its tensors on `device` (positions stay float64; the DiT casts them to fp32)."""
@@ -129,19 +130,36 @@ class PackedLayout:
 
     @property
     def prefix_segments(self) -> tuple[int, int]:
-        """(L, 2A): the non-video segments in row order, as VSA tiles them."""
+        """(L, 2A): the non-video segments in row order, as VSA tiles them (keyframe rows, fl2va's, are not tiled:
+        the native release renders dense)."""
+        if self.condition_rows:
+            raise ValueError("VSA: a layout with keyframe rows has no VSA plan (the native release renders dense)")
         return (self.text_rows, self.audio_rows)
 
 
-def build_packed_layout(text_rows: int, geometry: RequestGeometry) -> PackedLayout:
-    """Tags, float64 positions and index tensors of `[text L | audio 2A | video]` for a prompt of L tokens (§4.2)."""
+def last_anchor_time(latent_frames: int, origin: float) -> float:
+    """RoPE time of a keyframe anchored at the last latent frame: origin + the frames' span summed by numpy's pairwise
+    `sum` (the released model's order; the running sum of `temporal_grid` differs in the last ulp from 16 frames on)
+    minus one 5/3 step."""
+    spans = np.array([_FRAME_RESCALE * _FRAMES_PER_LATENT[j % 5] for j in range(latent_frames)], dtype=np.float64)
+    return float(origin) + float(spans.sum()) - _FRAME_RESCALE
+
+
+def build_packed_layout(text_rows: int, geometry: RequestGeometry, *, text_tags: list[int] | None = None,
+                        keyframe_anchors: tuple[str, ...] = ()) -> PackedLayout:
+    """Tags, float64 positions and index tensors of `[text L | keyframes C | audio 2A | video]` for a prompt of L
+    tokens (§4.2; C = 0 for t2va). `text_tags` overrides the text rows' tags (an fl2va vision block is tagged video);
+    each keyframe anchor ("first" / "last") adds one latent frame of rows at that end's RoPE time."""
     if isinstance(text_rows, bool) or not isinstance(text_rows, int) or text_rows < 1:
         raise ValueError(f"text_rows: expected a positive integer token count L, got {text_rows!r}")
+    if text_tags is not None and len(text_tags) != text_rows:
+        raise ValueError(f"text_tags: expected {text_rows} tags, got {len(text_tags)}")
     length = text_rows
     a = geometry.audio_latents
     t, hp, wp = geometry.patch_grid
-    audio_start = length
-    video_start = length + AUDIO_CHANNELS * a
+    cond = len(keyframe_anchors) * hp * wp
+    audio_start = length + cond
+    video_start = audio_start + AUDIO_CHANNELS * a
     seq = video_start + t * hp * wp
 
     h_grid = spatial_grid(geometry.latent_height, geometry.latent_height, geometry.latent_width)  # [Hl/2]
@@ -149,6 +167,13 @@ def build_packed_layout(text_rows: int, geometry: RequestGeometry) -> PackedLayo
 
     positions = np.zeros((seq, 3), dtype=np.float64)
     positions[:length, 0] = np.arange(length, dtype=np.float64)
+    for index, anchor in enumerate(keyframe_anchors):
+        if anchor not in ("first", "last"):
+            raise ValueError(f"keyframe anchor: expected 'first' or 'last', got {anchor!r}")
+        frame = positions[length + index * hp * wp: length + (index + 1) * hp * wp].reshape(hp, wp, 3)
+        frame[..., 0] = float(length) if anchor == "first" else last_anchor_time(t, float(length))
+        frame[..., 1] = h_grid[:, None]
+        frame[..., 2] = w_grid[None, :]
     audio_time = float(length) + np.arange(a, dtype=np.float64)
     positions[audio_start:video_start, 0] = np.tile(audio_time, AUDIO_CHANNELS)
     positions[audio_start : audio_start + a, 2] = w_grid[0]
@@ -159,7 +184,7 @@ def build_packed_layout(text_rows: int, geometry: RequestGeometry) -> PackedLayo
     video[..., 2] = w_grid[None, None, :]
 
     tags = torch.full((seq,), VIDEO_TAG, dtype=torch.long)
-    tags[:length] = TEXT_TAG
+    tags[:length] = TEXT_TAG if text_tags is None else torch.tensor(text_tags, dtype=torch.long)
     tags[audio_start:video_start] = AUDIO_TAG
     return PackedLayout(
         text_rows=length,
@@ -167,13 +192,66 @@ def build_packed_layout(text_rows: int, geometry: RequestGeometry) -> PackedLayo
         video_grid=(t, hp, wp),
         token_tags=tags,
         position_ids=torch.from_numpy(positions),
-        video_indices=torch.arange(video_start, seq),
+        video_indices=torch.cat([torch.arange(length, audio_start), torch.arange(video_start, seq)]),
         audio_indices=torch.arange(audio_start, video_start),
         text_indices=torch.arange(length),
+        condition_rows=cond,
     )
 
 
-def row_timesteps(t_video: float, t_audio: float, layout: PackedLayout) -> tuple[torch.Tensor, torch.Tensor]:
+def build_reference_layout(text_tags: list[int], geometry: RequestGeometry,
+                           reference_sizes: tuple[tuple[int, int], ...]) -> PackedLayout:
+    """ref2va's `[text L | reference blocks | audio 2A | video]`: one block per reference image of its own latent
+    size (Hl_i, Wl_i) on its own spatial grid, at RoPE time L + i (an image takes one integer rotary slot); the
+    generated audio and video start their clocks at L + n for n references. `text_tags` tags the L text rows (vision
+    blocks as video)."""
+    length = len(text_tags)
+    if length < 1:
+        raise ValueError("text_tags: expected at least one text row")
+    a = geometry.audio_latents
+    t, hp, wp = geometry.patch_grid
+    blocks = [(lh // 2, lw // 2) for lh, lw in reference_sizes]
+    cond = sum(h * w for h, w in blocks)
+    audio_start = length + cond
+    video_start = audio_start + AUDIO_CHANNELS * a
+    seq = video_start + t * hp * wp
+    positions = np.zeros((seq, 3), dtype=np.float64)
+    positions[:length, 0] = np.arange(length, dtype=np.float64)
+    cursor, clock = length, float(length)
+    for (lh, lw), (h, w) in zip(reference_sizes, blocks):
+        frame = positions[cursor: cursor + h * w].reshape(h, w, 3)
+        frame[..., 0] = clock
+        frame[..., 1] = spatial_grid(lh, lh, lw)[:, None]
+        frame[..., 2] = spatial_grid(lw, lh, lw)[None, :]
+        cursor += h * w
+        clock += 1.0
+    h_grid = spatial_grid(geometry.latent_height, geometry.latent_height, geometry.latent_width)  # [Hl/2]
+    w_grid = spatial_grid(geometry.latent_width, geometry.latent_height, geometry.latent_width)  # [Wl/2]
+    positions[audio_start:video_start, 0] = np.tile(clock + np.arange(a, dtype=np.float64), AUDIO_CHANNELS)
+    positions[audio_start : audio_start + a, 2] = w_grid[0]
+    positions[audio_start + a : video_start, 2] = w_grid[-1]
+    video = positions[video_start:].reshape(t, hp, wp, 3)  # view: raster f → y → x
+    video[..., 0] = temporal_grid(t, clock)[:, None, None]
+    video[..., 1] = h_grid[None, :, None]
+    video[..., 2] = w_grid[None, None, :]
+    tags = torch.full((seq,), VIDEO_TAG, dtype=torch.long)
+    tags[:length] = torch.tensor(text_tags, dtype=torch.long)
+    tags[audio_start:video_start] = AUDIO_TAG
+    return PackedLayout(
+        text_rows=length,
+        audio_rows=AUDIO_CHANNELS * a,
+        video_grid=(t, hp, wp),
+        token_tags=tags,
+        position_ids=torch.from_numpy(positions),
+        video_indices=torch.cat([torch.arange(length, audio_start), torch.arange(video_start, seq)]),
+        audio_indices=torch.arange(audio_start, video_start),
+        text_indices=torch.arange(length),
+        condition_rows=cond,
+    )
+
+
+def row_timesteps(t_video: float, t_audio: float, layout: PackedLayout,
+                  condition_time: float = 0.999) -> tuple[torch.Tensor, torch.Tensor]:
     """Distinct clean times and each row's index into them: (timestep fp32 [M], timestep_indices long [S]).
 
     Text and video rows carry `t_video`, audio rows `t_audio`; `torch.unique(sorted, return_inverse)` reduces them.
@@ -181,6 +259,8 @@ def row_timesteps(t_video: float, t_audio: float, layout: PackedLayout) -> tuple
     """
     device = layout.audio_indices.device  # built where the layout lives (see PackedLayout.to)
     rows = torch.full((layout.sequence_length,), float(t_video), dtype=torch.float32, device=device)
+    if layout.condition_rows:  # fl2va keyframe anchors stay at their noise-augmentation time (or later)
+        rows[layout.video_indices[:layout.condition_rows]] = max(float(t_video), condition_time)
     rows[layout.audio_indices] = float(t_audio)
     timestep, timestep_indices = torch.unique(rows, sorted=True, return_inverse=True)
     return timestep, timestep_indices

@@ -1,4 +1,5 @@
 """The FastH3 V2 8-step sampler (spec h3-model.md §9): shifted sigma ladders, Euler update, seeded initial noise.
+The native MiniMax-H3 release uses the same Euler update and noise draw on its own ladder (`SigmaLadder.native`).
 
 Why this is its own file rather than diffusers' `MiniMaxH3Scheduler` (which is the test oracle):
 1. V2 runs a fixed 9-node ladder built from hand-picked base nodes (0.999, 0.874, …, 0) with shift 10 for video and 3
@@ -51,6 +52,18 @@ class SigmaLadder:
     def v2(cls) -> "SigmaLadder":
         """The FastH3 V2 ladder: base nodes with shift 10 (video) and 3 (audio)."""
         return cls(shifted_sigmas(VIDEO_SHIFT), shifted_sigmas(AUDIO_SHIFT))
+
+    @classmethod
+    def native(cls, grid_points: int, video_shift: float, audio_shift: float) -> "SigmaLadder":
+        """The native MiniMax-H3 ladders: ``linspace(1, 0, grid_points)`` in float32 pushed through each shift, with
+        consecutive float32 duplicates collapsed, as ``MiniMaxH3Scheduler.set_timesteps(grid_points)`` builds them
+        (the published release: 50 points, 49 forwards, shifts 12 / 3 from its scheduler configs)."""
+        if isinstance(grid_points, bool) or not isinstance(grid_points, int) or grid_points < 2:
+            raise ValueError(f"grid_points: expected an integer >= 2, got {grid_points!r}")
+        base = torch.linspace(1.0, 0.0, grid_points, dtype=torch.float32)
+        ladders = [torch.unique_consecutive(shift * base / (1 + (shift - 1) * base))
+                   for shift in (float(video_shift), float(audio_shift))]
+        return cls(*ladders)
 
     def __post_init__(self) -> None:
         for name, sigmas in (("video_sigmas", self.video_sigmas), ("audio_sigmas", self.audio_sigmas)):
@@ -116,15 +129,17 @@ def euler_step(x: torch.Tensor, v: torch.Tensor, k: int, sigmas: torch.Tensor) -
     return r * x + one_minus_r * denoised
 
 
-def initial_noise(seed: int, geometry: RequestGeometry) -> tuple[torch.Tensor, torch.Tensor]:
+def initial_noise(seed: int, geometry: RequestGeometry,
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Unit Gaussian noise of one request from a CPU generator seeded with `seed` (§9), on CPU.
 
     Returns (video latents fp32 [1, 24, T, Hl, Wl], audio rows fp32 [2A, 32]); video is drawn first, then audio from
-    the same generator, directly in row layout. No σ_0 scaling.
+    the same generator, directly in row layout. No σ_0 scaling. `generator`: the request's generator (seeded with
+    `seed`) when something was drawn from it before (fl2va's keyframe noise comes first).
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         raise ValueError(f"seed: expected an integer in [0, 2**64 - 1], got {seed!r}")
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    generator = generator if generator is not None else torch.Generator(device="cpu").manual_seed(seed)
     video = torch.randn(
         (1, VIDEO_LATENT_CHANNELS, geometry.latent_frames, geometry.latent_height, geometry.latent_width),
         generator=generator,

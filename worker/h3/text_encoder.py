@@ -132,6 +132,28 @@ class TextEncoder:
         return features, len(token_ids)
 
 
+@torch.inference_mode()
+def encode_presentation(encoder: TextEncoder, token_ids: list[int], mm_token_type_ids: list[int],
+                        vision_inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Features ``[1, L, text_dim]`` of a tokenized presentation with vision blocks (native fl2va / ref2va: see
+    worker/h3/conditioning.py): the same read as ``TextEncoder.encode``, with the vision tower run on
+    ``pixel_values`` / ``image_grid_thw`` and ``mm_token_type_ids`` (1 on image pads) steering Qwen3-VL's M-RoPE."""
+    if len(token_ids) > encoder.max_tokens:
+        raise ValueError(f"prompt with its images is {len(token_ids)} tokens long, the limit is {encoder.max_tokens}")
+    device = encoder.device if encoder.device is not None else encoder.model.device
+    input_ids = torch.tensor([token_ids], dtype=torch.long, device=device)  # [1, L]
+    vision = {name: value.to(device, encoder.model.dtype) if name.startswith("pixel_") else value.to(device)
+              for name, value in vision_inputs.items()}
+    outputs = encoder.model.model(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        mm_token_type_ids=torch.tensor([mm_token_type_ids], dtype=torch.long, device=device),
+        use_cache=False,
+        **vision,
+    )
+    return outputs.last_hidden_state  # [1, L, text_dim]: hidden_states[hidden_layer], pre-final-norm
+
+
 def _prefix_class(kept_layers: int, stored_layers: int) -> type[Qwen3VLForConditionalGeneration]:
     """The model class to load a ``kept_layers``-deep prefix with: the dropped layers' tensors are expected, so
     transformers need not print its load report for them (``_check_loading_info`` still vets every other key)."""

@@ -20,6 +20,15 @@ over the repo's file list, so it is a pure function of the seed.
 ``place_release_in_hub_cache`` (``--hub-repo ORG/NAME``) puts the built release itself into that cache the same way,
 as a Hub repo at a commit, so a Hub reference (``--release ORG/NAME@revision``) is testable offline.
 
+``build-tiny --kind native`` (``build_tiny_native_release``) writes the native MiniMax-H3 layout instead
+(worker/h3/contract.py, docs/model.md "The native release"): ``modular_model_index.json``, ``transformer/`` (DiT
+config T2 without compression gates), ``transformer_ref/`` (the Ref2VA partition: same config, its own weights),
+``vae/`` and ``audio_vae/`` in Diffusers format (the same tiny configs as the V2 base repo's), ``scheduler/`` and
+``audio_scheduler/`` (shift 12 / 3, the published values), the conditioner and ``processor/`` (the Qwen3-VL image
+processor's config), ``h3batch_canvas.json`` and
+``h3batch_sampling.json`` (4 grid points, i.e. 3 forwards instead of the published 50 / 49, and text-encoder layer 2
+of the 3-layer tiny Qwen3-VL). It needs no hub cache: a native release carries its own VAEs.
+
 Same seed -> byte-identical files. Every tensor is drawn from one seeded CPU ``torch.Generator`` per component, in
 sorted-name order, at a scale that keeps the tiny models' outputs finite and non-trivial.
 """
@@ -56,7 +65,12 @@ TINY_DIT_CONFIG: H3Config = T2
 SHARD_PATTERN = "diffusion_pytorch_model{suffix}.safetensors"
 
 # Component seeds are offsets from the --seed value, so components never share a random stream.
-_TRANSFORMER, _TEXT_ENCODER, _VIDEO_VAE, _AUDIO_VAE = range(4)
+_TRANSFORMER, _TEXT_ENCODER, _VIDEO_VAE, _AUDIO_VAE, _REF_TRANSFORMER = range(5)
+NATIVE_TINY_MODEL_ID = "h3batch/MiniMax-H3-native-tiny"
+NATIVE_TINY_SAMPLING = {"num_inference_steps": 4, "text_encoder_layer": TINY_TEXT_HIDDEN_LAYER}
+"""4 grid points (3 forwards) keep a CPU render short; the published release runs diffusers' 50 (49 forwards)."""
+NATIVE_TINY_REFERENCE_SHORT_EDGE = 128
+"""ref2va references are encoded at a 128-pixel short edge in the tiny release (2048 in the published one)."""
 
 # Fixed built-in text the tokenizer is trained on (prompt-like English, so tiny prompts tokenize compactly).
 _TOKENIZER_CORPUS = """\
@@ -157,18 +171,19 @@ def diffusers_transformer_kwargs(config: H3Config) -> dict[str, Any]:
     return kwargs
 
 
-def random_transformer(seed: int):
-    """(diffusers model with the tiny config, its full V2 state dict incl. gates in storage dtypes)."""
+def random_transformer(seed: int, *, gates: bool = True, component: int = _TRANSFORMER):
+    """(diffusers model with the tiny config, its full state dict in storage dtypes: V2's with the gates, or a native
+    partition's without them when ``gates=False``)."""
     from diffusers import MiniMaxH3Transformer3DModel
 
     model = MiniMaxH3Transformer3DModel(**diffusers_transformer_kwargs(TINY_DIT_CONFIG))
     defaults = model.state_dict()
     shapes = {k: tuple(v.shape) for k, v in defaults.items()}
     inner, hidden = TINY_DIT_CONFIG.inner_dim, TINY_DIT_CONFIG.hidden_size
-    for i in range(TINY_DIT_CONFIG.num_layers):
+    for i in range(TINY_DIT_CONFIG.num_layers if gates else 0):
         shapes[f"transformer_blocks.{i}.attn.to_gate_compress.weight"] = (inner, hidden)  # [I, H], V2 only
     fp32_modules = set(model._keep_in_fp32_modules)
-    gen = _generator(seed, _TRANSFORMER)
+    gen = _generator(seed, component)
     state = {}
     for name in sorted(shapes):
         tensor = _random_tensor(name, shapes[name], defaults.get(name), gen)
@@ -269,11 +284,12 @@ def _write(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
-def _write_transformer(release: Path, seed: int) -> None:
+def _write_transformer(release: Path, seed: int, *, folder: str = contract.TRANSFORMER_DIR, gates: bool = True,
+                       component: int = _TRANSFORMER) -> None:
     from huggingface_hub import save_torch_state_dict
 
-    model, state = random_transformer(seed)
-    tdir = release / contract.TRANSFORMER_DIR
+    model, state = random_transformer(seed, gates=gates, component=component)
+    tdir = release / folder
     tdir.mkdir(parents=True, exist_ok=True)
     model.save_config(tdir)  # diffusers' own config.json (every __init__ argument, _class_name, version)
     total = sum(t.numel() * t.element_size() for t in state.values())
@@ -299,7 +315,7 @@ def _write_schedulers(release: Path) -> None:
     MiniMaxH3Scheduler(shift=contract_values.audio_scheduler_shift).save_pretrained(release / "audio_scheduler")
 
 
-def _modular_index(model_id: str) -> dict[str, Any]:
+def _modular_index(model_id: str, *, native: bool = False) -> dict[str, Any]:
     import diffusers
 
     components = {
@@ -309,6 +325,12 @@ def _modular_index(model_id: str) -> dict[str, Any]:
         "scheduler": ("diffusers", "MiniMaxH3Scheduler"),
         "audio_scheduler": ("diffusers", "MiniMaxH3Scheduler"),
     }
+    if native:  # the native release carries both partitions and its own VAEs (diffusers' component names)
+        components.update({
+            contract.REF_TRANSFORMER_DIR: ("diffusers", "MiniMaxH3Transformer3DModel"),
+            contract.VIDEO_VAE_DIR: ("diffusers", contract.VIDEO_VAE_CLASS_NAME),
+            contract.AUDIO_VAE_DIR: ("diffusers", contract.AUDIO_VAE_CLASS_NAME),
+        })
     index: dict[str, Any] = {
         "_class_name": contract.MODULAR_CLASS_NAME,
         "_diffusers_version": diffusers.__version__,
@@ -430,8 +452,46 @@ def build_tiny_release(out: str | Path, hf_cache: str | Path | None = None, seed
     return TinyRelease(release, cache, TINY_ENTRY.base_repo_id, commit, snapshot, time.perf_counter() - start)
 
 
+def tiny_image_processor():
+    """Qwen3-VL's image processor settings (16-pixel patches, 2x2 merge, mean/std 0.5) with a pixel budget sized for
+    the tiny canvas (a 256x128 keyframe is 32 vision tokens); the PIL backend (no torchvision here)."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3,
+                                    image_std=[0.5] * 3, size={"shortest_edge": 64 * 64, "longest_edge": 512 * 512})
+
+
+def build_tiny_native_release(out: str | Path, seed: int = 0) -> TinyRelease:
+    """Write the tiny native MiniMax-H3 release into ``out`` (module docstring); same seed -> same bytes."""
+    from diffusers import MiniMaxH3Scheduler
+
+    start = time.perf_counter()
+    release = Path(out)
+    if release.exists() and any(release.iterdir()):
+        raise ValueError(f"output directory must be empty or absent, found files in {release}")
+    release.mkdir(parents=True, exist_ok=True)
+    index = _modular_index(NATIVE_TINY_MODEL_ID, native=True)
+    index["reference_image_short_edge"] = NATIVE_TINY_REFERENCE_SHORT_EDGE  # a pipeline config diffusers reads here
+    _write(release / contract.MODULAR_INDEX_FILE, _json_bytes(index))
+    _write(release / contract.CANVAS_FILE, _json_bytes(TINY_CANVAS.as_json()))
+    _write(release / contract.SAMPLING_FILE, _json_bytes(NATIVE_TINY_SAMPLING))
+    _write_transformer(release, seed, gates=False)
+    _write_transformer(release, seed, folder=contract.REF_TRANSFORMER_DIR, gates=False, component=_REF_TRANSFORMER)
+    random_video_vae(seed).save_pretrained(release / contract.VIDEO_VAE_DIR)
+    random_audio_vae(seed).save_pretrained(release / contract.AUDIO_VAE_DIR)
+    _write_text_encoder(release, seed)
+    tiny_image_processor().save_pretrained(release / contract.PROCESSOR_DIR)
+    MiniMaxH3Scheduler(shift=contract.NATIVE_VIDEO_SHIFT).save_pretrained(release / "scheduler")
+    MiniMaxH3Scheduler(shift=contract.NATIVE_AUDIO_SHIFT).save_pretrained(release / "audio_scheduler")
+    return TinyRelease(release, release, NATIVE_TINY_MODEL_ID, "", release, time.perf_counter() - start)
+
+
 def main(argv: list[str]) -> int:
-    parser = OneLineArgumentParser(prog="h3batch build-tiny", description="write the deterministic tiny V2 release")
+    parser = OneLineArgumentParser(prog="h3batch build-tiny", description="write the deterministic tiny V2 release "
+                                   "(or, with --kind native, the tiny native MiniMax-H3 release)")
+    parser.add_argument("--kind", choices=("v2", "native"), default="v2",
+                        help="release layout: v2 (FastH3 8-Step V2, default) or native (MiniMax-H3 with its "
+                             "transformer_ref/ partition)")
     parser.add_argument("--out", required=True, help="release directory to create (must be empty or absent)")
     parser.add_argument("--hf-cache", default=None, help="Hugging Face hub cache for the tiny base repo "
                         "(default: $HF_HUB_CACHE, else OUT/../hf-cache)")
@@ -451,7 +511,15 @@ def main(argv: list[str]) -> int:
             return 2
         print(f"release already in {out}; nothing written")
         return 0
+    if args.kind == "native" and args.hub_repo:
+        print("h3batch build-tiny: --hub-repo: expected with --kind v2 only", file=sys.stderr)
+        return 2
     try:
+        if args.kind == "native":
+            built = build_tiny_native_release(args.out, args.seed)
+            print(f"tiny native release {NATIVE_TINY_MODEL_ID} in {built.release_dir} ({built.seconds:.1f} s); "
+                  f"tasks {', '.join(contract.validate_release(built.release_dir).tasks)}")
+            return 0
         built = build_tiny_release(args.out, args.hf_cache, args.seed)
     except ValueError as err:
         print(f"h3batch build-tiny: {err}", file=sys.stderr)

@@ -281,3 +281,10 @@ def test_malformed_canvas_file_is_a_violation(release_copy, content, words):
     (release_copy / contract.CANVAS_FILE).write_text(json.dumps(content))
     violations = find_violations(release_copy)
     assert len(violations) == 1 and contract.CANVAS_FILE in violations[0] and words in violations[0]
+
+
+def test_a_v2_release_is_kind_v2_serving_t2va(tiny):
+    """Beside the native kind (tests/worker/h3/native/), a V2 release is recognised as kind v2 with task t2va."""
+    info = validate_release(tiny.release_dir)
+    assert info.kind.value == "v2" and info.tasks == ("t2va",) and info.native is None
+    assert info.summary().startswith("release OK: kind=v2 tasks=t2va model_id=")
