@@ -287,7 +287,7 @@ class LoraCache:
         return weights
 
 
-# A worker's per-job LoRAs -----------------------------------------------------------------------------------------------
+# A worker's per-job LoRAs ---------------------------------------------------------------------------------------------
 
 
 def lora_folder(item: Mapping, hf_cache: str | Path | None = None) -> Path:

@@ -84,10 +84,12 @@ class LegacySampling:
         if not isinstance(sampling, Mapping):
             raise LegacyAdapterError(f"{source}: manifest has no 'sampling' object")
         steps = sampling.get("dmd_denoising_steps")
-        if (not isinstance(steps, list) or not steps or any(isinstance(s, bool) or not isinstance(s, int) for s in steps)
-                or any(not 0 < s < 1000 for s in steps) or steps != sorted(set(steps), reverse=True)):
+        integers = isinstance(steps, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in steps)
+        if (not integers or not steps or any(not 0 < s < 1000 for s in steps)
+                or steps != sorted(set(steps), reverse=True)):
             raise LegacyAdapterError(
-                f"{source}: sampling.dmd_denoising_steps must be strictly decreasing integers in (0, 1000), got {steps!r}"
+                f"{source}: sampling.dmd_denoising_steps must be strictly decreasing integers in (0, 1000), "
+                f"got {steps!r}"
             )
         topk = sampling.get("vsa_topk")
         if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int) or topk < 1):
@@ -206,7 +208,8 @@ def fuse_legacy_adapter(model: H3Transformer, adapter: LegacyAdapter) -> set[str
         delta = adapter.tensors[key].to(torch.float32)
         target_shape = tuple(params[native][rows].shape)
         if tuple(delta.shape) != target_shape:
-            raise LegacyAdapterError(f"shape mismatch at {key}: {list(delta.shape)} vs {list(target_shape)} of {native}")
+            raise LegacyAdapterError(
+                f"shape mismatch at {key}: {list(delta.shape)} vs {list(target_shape)} of {native}")
         plan.append((native, rows, _swap(delta) if swap else delta, role == ".set_weight"))
         consumed.add(key)
     for module in sorted(factors):

@@ -49,7 +49,8 @@ def random_lora_state_dict(config: H3Config = T2, *, rank: int, seed: int) -> di
     state_dict = {}
     for module, (rows, cols) in sorted(lora_target_shapes(config).items()):
         state_dict[f"transformer.{module}.lora_A.weight"] = torch.randn(rank, cols, generator=generator) / cols**0.5
-        state_dict[f"transformer.{module}.lora_B.weight"] = 0.3 * torch.randn(rows, rank, generator=generator) / rank**0.5
+        b = torch.randn(rows, rank, generator=generator)
+        state_dict[f"transformer.{module}.lora_B.weight"] = 0.3 * b / rank**0.5
     return state_dict
 
 
