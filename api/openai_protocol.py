@@ -166,6 +166,8 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
     """Validate a /v1/videos create body for a server serving `served_model`; returns CreateJob's fields. Raises
     ApiError (400) naming the field."""
     for name in fields:
+        if name == "input_reference":
+            continue  # fl2va's first keyframe: api/openai_videos.py maps it (fleet permitting)
         if name in _REFERENCE_FIELDS:
             raise _bad(name, "conditioning and editing inputs are not supported: h3batch is text-to-video+audio only",
                        "unsupported_parameter")
