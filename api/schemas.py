@@ -70,8 +70,10 @@ class CreateJob(BaseModel):
                                         "server's default (bf16 unless the operator set H3BATCH_DEFAULT_PRECISION). "
                                         "The job goes only to workers of that precision; 422 no_capable_worker when "
                                         "no live worker renders it.")
-    task: Task = Field(routing.DEFAULT_TASK, description="Workflow: `t2va` (text to video with sound). A task no "
-                       "live worker serves gets 422 no_capable_worker naming what the fleet serves.")
+    task: Task = Field(routing.DEFAULT_TASK, description="Workflow: `t2va` (text to video with sound, every release), "
+                       "`fl2va` (from a first_frame and/or to a last_frame) or `ref2va` (with 1-9 references), the "
+                       "last two on a native MiniMax-H3 release (docs/api.md \"Release kinds\"). A task no live "
+                       "worker serves gets 422 no_capable_worker naming what the fleet serves.")
 
     @field_validator("seed", "width", "height", "seconds", mode="before")
     @classmethod
