@@ -12,10 +12,11 @@ import hashlib
 import json
 import logging
 import re
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable
 
-from h3batch.api import idempotency, job_service
+from h3batch.api import idempotency, job_inputs, job_service
 from h3batch.api.archive_names import member_names
 from h3batch.api.errors import ApiError
 from h3batch.api.job_service import Caller, FieldError
@@ -24,6 +25,7 @@ from h3batch.api.jobs import JOBS
 from h3batch.api.zipstream import Member, ZipLayout, file_crc32
 from h3batch.core import batches, capacity, defaults, jsonl
 from h3batch.core import jobs as store
+from h3batch.core.artifact_store import StoreUnavailable
 from h3batch.core.jobs import JobSpec, JobStatus
 
 log = logging.getLogger("h3batch.api")
@@ -157,11 +159,13 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
                 refuse("custom_id", f"custom_id: {custom_id!r} is used by an earlier line; it must be unique")
                 continue
         try:
+            body, raw_images = job_inputs.split_json(body)  # data: URLs (api/job_inputs.py), as POST /jobs takes
             req = job_service.validate_create(body, max_prompt_chars=max_prompt_chars, canvas=canvas,
                                               lora_policy=caller.lora_policy)
+            images = job_inputs.check_images(req.task, raw_images, req.width, req.height)
             if req.webhook_url is not None:
                 caller.vet_webhook_url(req.webhook_url)
-        except FieldError as exc:
+        except (FieldError, job_inputs.ImageError) as exc:
             refuse(exc.field, exc.message)
             continue
         except ApiError as exc:  # webhook_url refused (422) or webhooks not configured (400)
@@ -171,7 +175,7 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
             seen.add(custom_id)
         # The idempotency form holds the request, not the fleet's verdict: a retry after the fleet changed is still
         # the same request (the first attempt's outcome is replayed).
-        canonical.append({**req.model_dump(mode="json"), "custom_id": custom_id})
+        canonical.append({**req.model_dump(mode="json"), "custom_id": custom_id, **job_inputs.fingerprint(images)})
         need = job_service.need_of(req, caller.default_precision)
         unserved = job_service.over_capacity(fleet, need)
         if unserved is not None:  # as POST /jobs answers 422 exceeds_worker_capacity / no_capable_worker
@@ -188,7 +192,7 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
                        seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
                        owner=caller.owner, webhook_url=req.webhook_url, task=need.task, precision=need.precision,
                        loras=tuple(req.lora_records))
-        items.append(batches.Item(spec=spec, index=index, custom_id=custom_id))
+        items.append(batches.Item(spec=spec, index=index, custom_id=custom_id, images=tuple(images)))
     form = {"requests": canonical, "refused": refused, "metadata": sub.metadata, "on_invalid": sub.on_invalid,
             "webhook_url": sub.webhook_url}
     return items, sorted(refused + over, key=lambda entry: entry["line"]), form
@@ -219,13 +223,16 @@ def create(caller: Caller, sub: Submission, *, max_batch: int, max_prompt_chars:
                                max_active_per_key=caller.max_active_per_key if keyed else 0,
                                creates_per_min=caller.creates_per_min if keyed else 0)
     try:
+        items = _store_images(caller, items)
         batch_id = batches.create_batch(caller.r, caller.owner, items, metadata=sub.metadata,
                                         skipped=refused, webhook_url=sub.webhook_url, limits=limits)
     except batches.Refused as exc:
+        _drop_images(caller, items)
         if held is not None:
             idempotency.release(caller.r, held)
         raise _refusal(caller, exc, len(items)) from None
     except BaseException:
+        _drop_images(caller, items)
         if held is not None:
             idempotency.release(caller.r, held)
         raise
@@ -235,6 +242,33 @@ def create(caller: Caller, sub: Submission, *, max_batch: int, max_prompt_chars:
     log.info("batch created items=%d skipped=%d", len(items), len(refused),
              extra={"job_id": batch_id, "request_id": caller.request_id})
     return batches.load_batch(caller.r, batch_id), False  # type: ignore[return-value]
+
+
+def _store_images(caller: Caller, items: list[batches.Item]) -> list[batches.Item]:
+    """Items whose lines carry images get their job id now and their images stored under it (inputs/), as a single
+    create does; 503 storage_unavailable when the store refuses (what was written is removed by the caller)."""
+    out = []
+    for item in items:
+        if item.images:
+            job_id = store.new_job_id()
+            item = dataclasses.replace(item, spec=dataclasses.replace(item.spec, job_id=job_id))
+            try:
+                inputs = job_inputs.store_inputs(caller.artifacts, caller.artifacts_dir, job_id, list(item.images))
+            except StoreUnavailable as exc:
+                _drop_images(caller, out)  # the lines stored before this one
+                raise ApiError(503, "storage_unavailable", f"the artifact store is unavailable ({exc}); retry later",
+                               True, {"Retry-After": "5"}) from None
+            out.append(dataclasses.replace(item, spec=dataclasses.replace(item.spec, inputs=inputs)))
+        else:
+            out.append(item)
+    return out
+
+
+def _drop_images(caller: Caller, items: list[batches.Item]) -> None:
+    """A refused batch leaves nothing stored."""
+    for item in items:
+        if item.images and item.spec.job_id:
+            caller.artifacts.delete_job(item.spec.job_id)
 
 
 def _refusal(caller: Caller, exc: batches.Refused, asked: int) -> ApiError:

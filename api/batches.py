@@ -26,6 +26,8 @@ def init_batches(app: Flask) -> None:
 def _batch_body_limit() -> None:
     if request.method == "POST" and request.path.rstrip("/") == "/batches":
         request.max_content_length = defaults.MAX_BATCH_BODY_BYTES
+    elif request.method == "POST" and request.path.rstrip("/") in ("/jobs", "/v1/videos"):  # input images
+        request.max_content_length = defaults.MAX_JOB_BODY_BYTES
 
 
 def _submission() -> batch_service.Submission:

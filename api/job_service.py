@@ -64,7 +64,7 @@ def validate_create(body: dict, *, max_prompt_chars: int, canvas: str | None,
         kind, where, message = first_error(exc)
         if kind == "extra_forbidden":
             message = (f"{where}: unknown field (accepted: prompt, seconds, width, height, aspect_ratio, seed, release, "
-                       "webhook_url, precision, task, loras)")
+                       "webhook_url, precision, task, first_frame, last_frame, references, loras)")
         elif kind not in _OWN_MESSAGES:
             message = f"{where}: {message}"
         named = _NAMED.match(message)
@@ -136,7 +136,7 @@ def expire_if_due(caller: Caller, record: dict[str, Any]) -> dict[str, Any]:
 
 
 def create_job(caller: Caller, req: CreateJob, words: Vocabulary, idempotency_key: str | None,
-               fingerprint: str) -> tuple[dict[str, Any], bool]:
+               fingerprint: str, images: list | None = None) -> tuple[dict[str, Any], bool]:
     """Queue a render; returns (record, replayed). With an Idempotency-Key, a retry of a create that already made
     its job replays it; one whose job is gone (deleted, expired) creates afresh (api/idempotency.py); 409/422 from
     idempotency.claim."""
@@ -151,7 +151,7 @@ def create_job(caller: Caller, req: CreateJob, words: Vocabulary, idempotency_ke
             return record, True
         # deleted between the claim's look and this read: claim again, which now takes the key over
     try:
-        record = _create_and_enqueue(caller, req, words.api)
+        record = _create_and_enqueue(caller, req, words.api, images or [])
     except BaseException:
         if held is not None:
             idempotency.release(caller.r, held)
@@ -161,26 +161,41 @@ def create_job(caller: Caller, req: CreateJob, words: Vocabulary, idempotency_ke
     return record, False
 
 
-def _create_and_enqueue(caller: Caller, req: CreateJob, api: str) -> dict[str, Any]:
+def _create_and_enqueue(caller: Caller, req: CreateJob, api: str, images: list) -> dict[str, Any]:
     """Write the queued record, then send its message; a refused message fails the job (never left queued).
-    422 exceeds_worker_capacity / no_capable_worker, 400/422 webhook_url refused, 429 too_many_active_jobs, 503
-    queue_full or storage_unavailable."""
+    `images` (api/job_inputs.py, already checked) are stored under the job's id before its record exists, and
+    removed again when the record is refused. 422 exceeds_worker_capacity / no_capable_worker, 400/422 webhook_url
+    refused, 429 too_many_active_jobs, 503 queue_full or storage_unavailable."""
     need = need_of(req, caller.default_precision)
     check_capacity(caller.r, need)  # before anything is written
     check_lora_base(capacity.fleet(caller.r), req)
     if req.webhook_url is not None:
         caller.vet_webhook_url(req.webhook_url)  # before anything is written
+    job_id, inputs = store.new_job_id(), None
+    if images:
+        from h3batch.api.job_inputs import store_inputs
+
+        try:
+            inputs = store_inputs(caller.artifacts, caller.artifacts_dir, job_id, images)
+        except StoreUnavailable as exc:
+            raise ApiError(503, "storage_unavailable", f"the artifact store is unavailable ({exc}); retry later",
+                           True, {"Retry-After": "5"}) from None
     spec = JobSpec(prompt=req.prompt, seconds=float(req.seconds), width=req.width, height=req.height,
                    seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
                    owner=caller.owner, webhook_url=req.webhook_url, api=api, task=need.task,
-                   precision=need.precision, loras=tuple(req.lora_records))
+                   precision=need.precision, job_id=job_id, inputs=inputs, loras=tuple(req.lora_records))
     try:  # caps and write in one step
         record = store.create_job(caller.r, spec, max_queued=caller.max_queued,
                                   max_active_per_key=caller.max_active_per_key if caller.owner else 0)
     except store.QueueFull:
+        _drop_inputs(caller, job_id, inputs)
         raise queue_full(caller) from None
     except store.TooManyActive:
+        _drop_inputs(caller, job_id, inputs)
         raise too_many_active(caller, 1) from None
+    except BaseException:
+        _drop_inputs(caller, job_id, inputs)
+        raise
     try:
         caller.send_render(record["id"])
     except Exception as exc:  # noqa: BLE001  # broker refused the message: the job must not sit queued forever
@@ -194,6 +209,12 @@ def _create_and_enqueue(caller: Caller, req: CreateJob, api: str) -> dict[str, A
     log.info("job created seconds=%s size=%dx%d seed=%d", spec.seconds, spec.width, spec.height, spec.seed,
              extra={"job_id": record["id"], "request_id": caller.request_id})
     return record
+
+
+def _drop_inputs(caller: Caller, job_id: str, inputs: dict | None) -> None:
+    """A refused create leaves nothing stored: remove the images written under its id."""
+    if inputs:
+        caller.artifacts.delete_job(job_id)
 
 
 def queue_full(caller: Caller, asked: int = 1) -> ApiError:

@@ -10,7 +10,7 @@ import time
 import redis
 from flask import Blueprint, Response, current_app, g, jsonify, request, stream_with_context
 
-from h3batch.api import idempotency, job_http, job_service, slots
+from h3batch.api import idempotency, job_http, job_inputs, job_service, slots
 from h3batch.api.errors import ApiError
 from h3batch.api.redis_client import get_redis
 from h3batch.api.schemas import CreateJob, job_view
@@ -82,16 +82,24 @@ def _wait(job_id: str, wait_s: float) -> dict | None:
 
 @bp.post("/jobs")
 def create():
-    """Queue a render. 400 invalid body, 413 over 64 KiB, 409/422 Idempotency-Key in use/reused, 422
+    """Queue a render (JSON, or multipart with image files; api/job_inputs.py). 400 invalid body or image, 413 over
+    48 MiB or an image too large, 409/422 Idempotency-Key in use/reused, 422
     exceeds_worker_capacity, 503 queue_full or storage_unavailable."""
-    body = request.get_json(force=True, silent=True)
-    if not isinstance(body, dict):
-        raise ApiError(400, "invalid_json", "expected a JSON object body, e.g. {\"prompt\": \"rain on a tin roof\"}")
+    if request.mimetype == "multipart/form-data":
+        body, raw = job_inputs.split_form(list(request.form.items(multi=True)),
+                                          [(n or "(empty name)", f) for n, f in request.files.items(multi=True)])
+    else:
+        body = request.get_json(force=True, silent=True)
+        if not isinstance(body, dict):
+            raise ApiError(400, "invalid_json", "expected a JSON object body, e.g. {\"prompt\": \"rain on a tin "
+                                                "roof\"}, or multipart/form-data with image files")
+        body, raw = job_inputs.split_json(body)
     req = _validated(body)
+    images = job_inputs.check_images(req.task, raw, req.width, req.height)  # nothing is stored on a refusal
     wait_s = _requested_wait()
-    record, replayed = job_service.create_job(job_http.caller(), req, JOBS,
-                                              idempotency.parse_key(request.headers.get("Idempotency-Key")),
-                                              idempotency.fingerprint(req.model_dump(mode="json")))
+    record, replayed = job_service.create_job(
+        job_http.caller(), req, JOBS, idempotency.parse_key(request.headers.get("Idempotency-Key")),
+        idempotency.fingerprint({**req.model_dump(mode="json"), **job_inputs.fingerprint(images)}), images)
     if not replayed and wait_s > 0:
         record = _wait(record["id"], wait_s) or record
     response = _reply(record, 200 if not replayed and record["status"] in _FINISHED else 202)

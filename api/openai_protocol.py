@@ -10,7 +10,8 @@ Create accepts JSON and multipart/form-data (the `openai` SDK always sends multi
 values are coerced here). Fields: OpenAI's `prompt`, `model`, `seconds`, `size`, `user`; vLLM-Omni's extras that map
 to T2VA (`width`, `height`, `num_frames`, `fps`, `seed`, `num_inference_steps`, `guidance_scale`, `flow_shift`,
 ... checked with the V2 sampler rules); h3batch's `webhook_url` and `release`. Conditioning and editing inputs
-(`input_reference`, `negative_prompt`, ...) and any other field get 400 `unsupported_parameter`.
+(`negative_prompt`, ...) and any other field get 400 `unsupported_parameter`. `input_reference` is fl2va's first
+keyframe (api/openai_videos.py), served when the fleet serves fl2va (a native MiniMax-H3 release).
 """
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ _FLOAT_FIELDS = ("guidance_scale", "flow_shift", "audio_flow_shift")
 _INT_FIELDS = ("seed", "width", "height", "num_frames", "fps")
 _ACCEPTED = ("prompt", "model", "seconds", "size", "user", "width", "height", "num_frames", "fps", "seed",
              "num_inference_steps", "guidance_scale", "flow_shift", "audio_flow_shift", "generate_sound",
-             "extra_params", "webhook_url", "release", "aspect_ratio", "precision", "loras", *_NO_CFG_FIELDS)
+             "extra_params", "webhook_url", "release", "aspect_ratio", "precision", "input_reference", "loras",
+             *_NO_CFG_FIELDS)
 
 
 # --- the create body as JSON Schema (GET /openapi.json) ---
@@ -102,6 +104,11 @@ def create_body_schema(model_id: str = DEFAULT_MODEL_ID) -> dict[str, Any]:
                                            "(opt-in); only workers of that precision render it"),
         "aspect_ratio": _optional({"type": "string", "enum": list(ASPECT_RATIOS)},
                                   description="instead of size: the release's trained bucket"),
+        "input_reference": _optional({"type": "string", "contentMediaType": "image/*"},
+                                     description="the image the video starts from (a file part, or a data: URL): "
+                                                 "fl2va's first keyframe, placed on the canvas (docs/api.md "
+                                                 "\"Images\"); 400 naming the tasks served when the fleet serves "
+                                                 "no fl2va"),
         "loras": _optional({"type": "array", "items": {"type": "object"}}, {"type": "string"},
                            description="h3batch extension (the SDK's extra_body): per-job LoRAs [{ref, scale}] on the "
                                        "native release, or that list as JSON text in a multipart part; see "
@@ -170,6 +177,10 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
     """Validate a /v1/videos create body for a server serving `served_model`; returns CreateJob's fields. Raises
     ApiError (400) naming the field."""
     for name in fields:
+        if name == "input_reference":  # fl2va's first keyframe: api/openai_videos.py maps it (fleet permitting)
+            if fields[name] is not None and not isinstance(fields[name], (str, bytes)):
+                raise _bad(name, "expected an image file part or a data: URL", "invalid_image")
+            continue
         if name in _REFERENCE_FIELDS:
             raise _bad(name, "conditioning and editing inputs are not supported: h3batch is text-to-video+audio only",
                        "unsupported_parameter")

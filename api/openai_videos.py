@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import Blueprint, current_app, jsonify, request
 
-from h3batch.api import idempotency, job_http, job_service, media
+from h3batch.api import idempotency, job_http, job_inputs, job_service, media
 from h3batch.api.errors import ApiError
 from h3batch.api.openai_protocol import (
     DEFAULT_MODEL_ID,
@@ -19,7 +19,8 @@ from h3batch.api.openai_protocol import (
     video_object,
 )
 from h3batch.api.request_guard import form_parts
-from h3batch.core import defaults
+from h3batch.api.redis_client import get_redis
+from h3batch.core import capacity, defaults, routing
 
 bp = Blueprint("openai_videos", __name__, url_prefix="/v1")
 
@@ -32,13 +33,19 @@ def model_id() -> str:
 # --- request body ---
 
 def _raw_fields() -> dict[str, Any]:
-    """The create body as a dict: JSON object, or multipart / urlencoded text parts. File parts are refused."""
+    """The create body as a dict: JSON object, or multipart / urlencoded text parts. The one file part taken is
+    `input_reference` (its bytes; a data: URL text part also works); others are refused."""
     if request.mimetype in ("multipart/form-data", "application/x-www-form-urlencoded"):
         texts, files = form_parts()
         for name in files:
-            raise ApiError(400, "unsupported_parameter",
-                           f"{name}: file uploads are not supported: h3batch is text-to-video+audio only")
-        return dict(texts)
+            if name != "input_reference":
+                raise ApiError(400, "unsupported_parameter",
+                               f"{name}: file uploads are not supported (input_reference is the one image taken)")
+        fields: dict[str, Any] = dict(texts)
+        if "input_reference" in files:
+            fields["input_reference"] = request.files["input_reference"].stream.read(job_inputs.MAX_IMAGE_BYTES + 1)
+        return fields
+
     body = request.get_json(force=True, silent=True)
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_json", "expected a JSON object or multipart/form-data body, e.g. "
@@ -58,17 +65,39 @@ def _reply(record: dict[str, Any], status: int = 200):
 def create_video():
     """Create a video job (JSON or multipart). 202 video object; 400 unsupported_parameter / model_not_found /
     unsupported_size / unsupported_duration; 422 invalid_webhook_url / exceeds_worker_capacity; 503 queue_full."""
-    req = validated(parse_create(_raw_fields(), model_id()), current_app.config["MAX_PROMPT_CHARS"],
-                    current_app.config.get("CANVAS"), current_app.config.get("LORA_POLICY"))
-    record, replayed = job_service.create_job(job_http.caller(), req, VIDEOS,
-                                              idempotency.parse_key(request.headers.get("Idempotency-Key")),
-                                              idempotency.fingerprint({"v1": req.model_dump(mode="json")}))
+    fields = _raw_fields()
+    reference = fields.pop("input_reference", None)
+    parsed = parse_create(fields, model_id())
+    if reference not in (None, ""):
+        parsed["task"] = _input_reference_task()
+    req = validated(parsed, current_app.config["MAX_PROMPT_CHARS"], current_app.config.get("CANVAS"),
+                    current_app.config.get("LORA_POLICY"))
+    images = []
+    if reference not in (None, ""):
+        data = reference if isinstance(reference, bytes) else job_inputs.from_data_url("input_reference", reference)
+        images = job_inputs.check_images(req.task, {"first_frame": [("input_reference", data)]}, req.width,
+                                         req.height)
+    record, replayed = job_service.create_job(
+        job_http.caller(), req, VIDEOS, idempotency.parse_key(request.headers.get("Idempotency-Key")),
+        idempotency.fingerprint({"v1": req.model_dump(mode="json"), **job_inputs.fingerprint(images)}), images)
     response = _reply(record, 202)
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
     else:
         response.headers["Location"] = f"/v1/videos/{record['id']}"
     return response
+
+
+def _input_reference_task() -> str:
+    """`input_reference` is fl2va's first keyframe: the task when the fleet serves fl2va, else 400 naming the tasks
+    it serves (a fleet of FastH3 V2 workers serves t2va only)."""
+    fleet = capacity.fleet(get_redis())
+    served = sorted({t for c in (fleet.capabilities if fleet else ()) for t in c.tasks}) or [routing.DEFAULT_TASK]
+    if "fl2va" not in served:
+        raise ApiError(400, "unsupported_parameter", f"input_reference: the image a video starts from needs task "
+                                                     f"fl2va (a native MiniMax-H3 release); the fleet serves "
+                                                     f"{', '.join(served)}")
+    return "fl2va"
 
 
 @bp.get("/videos/<video_id>")

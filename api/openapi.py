@@ -42,7 +42,8 @@ _IDEMPOTENCY_KEY = {"name": "Idempotency-Key", "in": "header", "required": False
 def _errors(*statuses: int) -> dict[str, Any]:
     text = {400: "Invalid request", 401: "Missing or bad API key", 404: "No such job or batch",
             409: "Wrong job state or Idempotency-Key in use",
-            410: "Video expired", 413: "Body over 64 KiB", 416: "Range not satisfiable",
+            410: "Video expired", 413: "Body over its limit (64 KiB; 48 MiB on POST /jobs and /v1/videos), or "
+                                      "an input image over 16 MiB or 4096x4096 (image_too_large)", 416: "Range not satisfiable",
             422: "Idempotency-Key reused with another body, webhook_url refused, exceeds_worker_capacity (the "
                  "request needs more rows than any worker serves), or json_too_complex (the body nests over 32 "
                  "deep or holds more tokens than the API parses)", 503: "Redis or queue full",
@@ -71,7 +72,8 @@ def _paths() -> dict[str, Any]:
         "/jobs": {
             "post": {"operationId": "createJob", "summary": "Queue a render",
                      "requestBody": {"required": True,
-                                     "content": {"application/json": {"schema": _ref("CreateJob")}}},
+                                     "content": {"application/json": {"schema": _ref("CreateJobWithImages")},
+                                                 "multipart/form-data": {"schema": _ref("CreateJobForm")}}},
                      "parameters": [{"name": "Prefer", "in": "header", "required": False,
                                      "schema": {"type": "string"}, "description": "`wait=N`: block up to N s"},
                                     _IDEMPOTENCY_KEY],
@@ -299,7 +301,38 @@ def model_schemas() -> dict[str, Any]:
     models = [(schemas.CreateJob, "validation"), (schemas.Job, "serialization"), (schemas.JobList, "serialization"),
               (schemas.ErrorBody, "serialization")]
     _, top = models_json_schema(models, ref_template=_REF, schema_generator=_NumbersAlsoAsText)
-    return top.get("$defs", {})
+    found = top.get("$defs", {})
+    found.update(_image_bodies(found["CreateJob"]))
+    return found
+
+
+def _image_bodies(create: dict[str, Any]) -> dict[str, Any]:
+    """POST /jobs with input images (api/job_inputs.py): the JSON body (images as base64 `data:` URLs) and the
+    multipart body (images as file parts, `references` repeated), each CreateJob's fields plus the three images."""
+    import copy  # noqa: PLC0415
+
+    from h3batch.api.job_inputs import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MAX_REFERENCES  # noqa: PLC0415
+
+    limits = (f"at most {MAX_IMAGE_BYTES // 2**20} MiB and {MAX_IMAGE_PIXELS} pixels (4096x4096); 413 "
+              f"image_too_large above, 400 invalid_image for what is not an image")
+    data_url = {"type": "string", "pattern": "^data:", "description": f"a base64 data: URL ({limits})"}
+    binary = {"type": "string", "contentMediaType": "image/*", "description": f"an image file ({limits})"}
+    what = {"first_frame": "fl2va: the keyframe the clip starts from, stretched onto the canvas",
+            "last_frame": "fl2va: the keyframe the clip ends on (cover-cropped onto the canvas when a first_frame is "
+                          "given too)",
+            "references": f"ref2va: 1 to {MAX_REFERENCES} reference images, in the order the prompt reads them "
+                          f"(<Picture 1> ...)"}
+    bodies = {}
+    for name, image in (("CreateJobWithImages", data_url), ("CreateJobForm", binary)):
+        body = copy.deepcopy(create)
+        body["title"] = name
+        body["properties"].update({
+            "first_frame": {**image, "description": f"{what['first_frame']}; {image['description']}"},
+            "last_frame": {**image, "description": f"{what['last_frame']}; {image['description']}"},
+            "references": {"type": "array", "items": image, "minItems": 1, "maxItems": MAX_REFERENCES,
+                           "description": what["references"]}})
+        bodies[name] = body
+    return bodies
 
 
 def build_document() -> dict[str, Any]:

@@ -94,8 +94,10 @@ class CreateJob(BaseModel):
                                          "unknown_lora, lora_revision_not_allowed, too_many_loras, "
                                          "lora_scale_out_of_range; 422 lora_base_mismatch when no live worker serves "
                                          "a release that takes adapters (FastH3 V2 takes none).")
-    task: Task = Field(routing.DEFAULT_TASK, description="Workflow: `t2va` (text to video with sound). A task no "
-                       "live worker serves gets 422 no_capable_worker naming what the fleet serves.")
+    task: Task = Field(routing.DEFAULT_TASK, description="Workflow: `t2va` (text to video with sound, every release), "
+                       "`fl2va` (from a first_frame and/or to a last_frame) or `ref2va` (with 1-9 references), the "
+                       "last two on a native MiniMax-H3 release (docs/api.md \"Release kinds\"). A task no live "
+                       "worker serves gets 422 no_capable_worker naming what the fleet serves.")
 
     @field_validator("seed", "width", "height", "seconds", mode="before")
     @classmethod

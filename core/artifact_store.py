@@ -86,6 +86,20 @@ class ArtifactStore(Protocol):
     def remove_stale_attempts(self, job_id: str, attempt: int) -> list[str]: ...
 
 
+INPUTS_DIR = "inputs"
+"""A job's input images (fl2va keyframes, ref2va references) live under `<job id>/inputs/` in both stores, beside
+its video; they go with the job (delete_job) and outlive any one attempt."""
+
+
+def input_key(job_id: str, name: str) -> str:
+    return f"{job_id}/{INPUTS_DIR}/{name}"
+
+
+def is_input_key(key: str) -> bool:
+    parts = key.split("/")
+    return len(parts) == 3 and parts[1] == INPUTS_DIR
+
+
 def sibling(key: str, name: str) -> str:
     """The key of `name` beside `key` (a variant next to its MP4, in the same attempt's folder)."""
     head, _, _ = key.rpartition("/")

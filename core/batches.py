@@ -69,6 +69,7 @@ class Item:
     spec: JobSpec
     index: int
     custom_id: str | None = None
+    images: tuple = ()  # the line's checked input images (api/job_inputs.JobImage), stored before the batch is written
 
 
 @dataclass(frozen=True)
@@ -160,8 +161,8 @@ def create_batch(r: redis.Redis, owner: str, items: list[Item], *, metadata: dic
                     "webhook_url": webhook_url or ""}
     argv: list[Any] = [len(batch_fields) * 2, *[x for pair in batch_fields.items() for x in pair]]
     for item in items:
-        job_id = store.new_job_id()
         spec = item.spec
+        job_id = spec.job_id or store.new_job_id()
         record: dict[str, Any] = {
             "id": job_id, "status": JobStatus.QUEUED, "stage": Stage.QUEUED, "step": 0,
             "total_steps": defaults.TOTAL_STEPS, "progress": 0.0, "prompt": spec.prompt, "seconds": spec.seconds,
@@ -172,6 +173,8 @@ def create_batch(r: redis.Redis, owner: str, items: list[Item], *, metadata: dic
             record["webhook_url"] = spec.webhook_url
         if spec.loras:
             record["loras"] = list(spec.loras)
+        if spec.inputs:
+            record["inputs"] = spec.inputs
         if item.custom_id is not None:
             record["custom_id"] = item.custom_id
         pairs = [x for pair in store._encode(record).items() for x in pair]

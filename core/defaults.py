@@ -30,7 +30,10 @@ MAX_PROMPT_CHARS = 4000
 """Longest prompt accepted at the door (400 above it)."""
 
 MAX_BODY_BYTES = 64 * 1024
-"""Largest request body (413 above it)."""
+"""Largest request body (413 above it), except on the routes below."""
+MAX_JOB_BODY_BYTES = 48 * 1024 * 1024
+"""Largest POST /jobs and POST /v1/videos body: room for fl2va's two keyframes or a few ref2va references (each image
+at most 16 MiB, api/job_inputs.py), as multipart files or base64 data: URLs."""
 
 MAX_QUEUED = 4000
 """Queued jobs (held batch items included) at which a create answers 503 queue_full (H3BATCH_MAX_QUEUED)."""

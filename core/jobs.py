@@ -66,7 +66,7 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
 # Field -> decoder for the hash's string values; fields not listed stay str.
 _INT_FIELDS = {"step", "total_steps", "width", "height", "seed", "seq", "attempt", "frames", "size_bytes"}
 _FLOAT_FIELDS = {"progress", "seconds", "created_at", "started_at", "finished_at", "expires_at"}
-_JSON_FIELDS = {"timings", "tokens", "error", "metadata", "webhook_deliveries", "loras"}
+_JSON_FIELDS = {"timings", "tokens", "error", "metadata", "webhook_deliveries", "inputs", "loras"}
 _EVENT_FIELDS = ("attempt", "stage", "progress", "error", "cancel_reason", "cancelled_at_stage")
 """Fields of a transition's update copied into its event."""
 
@@ -86,6 +86,8 @@ class JobSpec:
     api: str = "jobs"  # which view created it: "jobs" or "openai" (/v1/videos); picks webhook event names
     task: str = "t2va"  # core/routing.TASKS; with precision and the rows, names the job's render queue
     precision: str = "bf16"  # core/routing.PRECISIONS
+    job_id: str | None = None  # chosen before the record when input images were stored under it (api/job_inputs.py)
+    inputs: dict[str, Any] | None = None  # input image keys in the artifact store: first_frame, last_frame, references
     loras: tuple[dict[str, Any], ...] = ()  # core/loras.check_loras' records: ref, scale, repo+revision or path
 
 
@@ -190,7 +192,7 @@ def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None, max_q
     message does, so an immediate GET never 404s.
     """
     now = time.time() if now is None else now
-    job_id = new_job_id()
+    job_id = spec.job_id or new_job_id()
     record = {
         "id": job_id, "status": JobStatus.QUEUED, "stage": Stage.QUEUED, "step": 0,
         "total_steps": defaults.TOTAL_STEPS, "progress": 0.0, "prompt": spec.prompt, "seconds": spec.seconds,
@@ -201,6 +203,8 @@ def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None, max_q
         record["webhook_url"] = spec.webhook_url
     if spec.loras:
         record["loras"] = list(spec.loras)
+    if spec.inputs:
+        record["inputs"] = spec.inputs
     if spec.api != "jobs":
         record["api"] = spec.api
     pairs = [item for field_value in _encode(record).items() for item in field_value]

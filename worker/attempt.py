@@ -110,6 +110,27 @@ class Attempt:
 
     # 2. Render, with progress and cancel checks -------------------------------------------------------------------
 
+    def input_images(self) -> dict[str, Any]:
+        """The job's input images (record `inputs`, api/job_inputs.py) as local paths: the local store's own files,
+        or S3 objects downloaded into `<job dir>/inputs/`."""
+        inputs = self.record.get("inputs") or {}
+        folder = self.job_dir / "inputs"
+
+        def local(key: str) -> Path:
+            path = self.store.local_path(key)
+            if path is not None and path.is_file():
+                return path
+            folder.mkdir(parents=True, exist_ok=True)
+            return self.store.download(key, folder / Path(key).name)
+
+        out: dict[str, Any] = {}
+        for name in ("first_frame", "last_frame"):
+            if inputs.get(name):
+                out[name] = local(inputs[name])
+        if inputs.get("references"):
+            out["references"] = tuple(local(key) for key in inputs["references"])
+        return out
+
     def render(self) -> Any:
         """Check the job against this worker, render it into the attempt's file; returns the `RenderResult`.
 
@@ -141,7 +162,7 @@ class Attempt:
                                          provenance=getattr(pipeline, "provenance", None))
         request = RenderRequest(prompt=record["prompt"], seconds=record["seconds"], width=record["width"],
                                 height=record["height"], seed=record["seed"],
-                                metadata=job_metadata.mp4_tags(self.meta))
+                                metadata=job_metadata.mp4_tags(self.meta), task=task, **self.input_images())
         try:
             pipeline.validate(request)
         except ValueError as exc:

@@ -46,7 +46,7 @@ from typing import Callable
 import redis
 
 from h3batch.core import defaults, jobs, keys, lease, routing
-from h3batch.core.artifact_store import ArtifactStore, attempt_of, sibling
+from h3batch.core.artifact_store import ArtifactStore, attempt_of, is_input_key, sibling
 from h3batch.core.broker import ready_lists
 from h3batch.core.celery_app import ROUTE_FIELDS
 from h3batch.core.jobs import JobStatus, Stage
@@ -252,7 +252,8 @@ def _collect_store(r: redis.Redis, store: ArtifactStore, report: GarbageReport, 
             # lost the race or crashed before `completed`).
             if status == JobStatus.COMPLETED.value:
                 folder = sibling(artifact, "") if artifact else None  # `<job>/attempt-<n>/`: MP4 and variants
-                stale = [k for k in objects.keys if folder is not None and not k.startswith(folder)]
+                stale = [k for k in objects.keys if folder is not None and not k.startswith(folder)
+                         and not is_input_key(k)]  # the job's input images stay as long as its video
             else:  # queued or in progress: objects of earlier attempts than the record's
                 current = int(attempt or 0)
                 stale = [k for k in objects.keys if (attempt_of(k) or current) < current]

@@ -88,9 +88,16 @@ def test_non_json_body_gets_400(api):
 
 
 def test_body_over_64_kib_gets_413(api):
-    """A create body above 64 KiB gets 413 request_too_large in the JSON envelope (gunicorn, not the dev server)."""
+    """A body above 64 KiB on a route without images (POST /sweeps) gets 413 request_too_large in the JSON envelope
+    (gunicorn, not the dev server); a create body may be larger (input images), and past 48 MiB gets the same 413."""
+    reply = requests.post(f"{api.base}/sweeps", data=b'{"name": "' + b"a" * 70_000 + b'"}',
+                          headers={"Content-Type": "application/json"}, timeout=60)
+    assert_error(reply, 413, "request_too_large")
     reply = requests.post(f"{api.base}/jobs", data=b'{"prompt": "' + b"a" * 70_000 + b'"}',
                           headers={"Content-Type": "application/json"}, timeout=60)
+    assert_error(reply, 400, "invalid_request")
+    reply = requests.post(f"{api.base}/jobs", data=b'{"prompt": "' + b"a" * (48 * 2**20 + 1) + b'"}',
+                          headers={"Content-Type": "application/json"}, timeout=120)
     assert_error(reply, 413, "request_too_large")
 
 

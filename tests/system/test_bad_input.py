@@ -33,11 +33,13 @@ def _assert_envelope(reply: requests.Response, status: int, code: str | None = N
 
 
 @pytest.mark.parametrize("data, content_type, status, code", [
-    (b'{"prompt": "' + b"x" * 70_000 + b'"}', JSON, 413, "request_too_large"),  # over the 64 KiB body limit
+    (b'{"prompt": "' + b"x" * (48 * 2**20) + b'"}', JSON, 413, "request_too_large"),  # over /jobs' 48 MiB limit
+    (b'{"prompt": "' + b"x" * 70_000 + b'"}', JSON, 400, "invalid_request"),  # fits the body limit: prompt too long
     (b"prompt=a+cat", "application/x-www-form-urlencoded", 400, "invalid_json"),
     (b"<job><prompt>a cat</prompt></job>", "application/xml", 400, "invalid_json"),
-    (b"--zz\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\na cat\r\n--zz--\r\n",
-     "multipart/form-data; boundary=zz", 400, "invalid_json"),
+    (b"--zz\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\na cat\r\n--zz\r\nContent-Disposition: "
+     b"form-data; name=\"priority\"\r\n\r\n9\r\n--zz--\r\n", "multipart/form-data; boundary=zz", 400,
+     "unsupported_parameter"),  # multipart is a create body (for images); an unknown field is refused
     (b"\xff\xfe\x00\x01 not utf-8", JSON, 400, "invalid_json"),
     (b"[1, 2, 3]", JSON, 400, "invalid_json"),
     (b"null", JSON, 400, "invalid_json"),
@@ -287,8 +289,8 @@ def test_router_redirect_is_json_with_a_relative_location(keyed_stack):
 
 
 def test_chunked_body_over_the_limit_is_413(keyed_stack):
-    """A 70 KB chunked body (no Content-Length) is 413 request_too_large like a declared one, not 400 invalid_json
-    (werkzeug used to cut it at 64 KiB and hand the view broken JSON); a small chunked body still works."""
+    """A chunked body (no Content-Length) over /jobs' 48 MiB limit is 413 request_too_large like a declared one, not
+    400 invalid_json (werkzeug used to cut it at the limit and hand the view broken JSON); a small one still works."""
     import http.client  # noqa: PLC0415
 
     def chunks(n_kib: int):
@@ -297,7 +299,7 @@ def test_chunked_body_over_the_limit_is_413(keyed_stack):
             yield b"x" * 1024
         yield b'", "width": 128, "height": 32}'
 
-    for n_kib, status in ((70, 413), (1, 202)):
+    for n_kib, status in ((49 * 1024, 413), (1, 202)):
         conn = http.client.HTTPConnection("127.0.0.1", keyed_stack.api.port, timeout=30)
         try:
             conn.request("POST", "/jobs", body=chunks(n_kib), encode_chunked=True,
