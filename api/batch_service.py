@@ -162,7 +162,6 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
             body, raw_images = job_inputs.split_json(body)  # data: URLs (api/job_inputs.py), as POST /jobs takes
             req = job_service.validate_create(body, max_prompt_chars=max_prompt_chars, canvas=canvas,
                                               lora_policy=caller.lora_policy)
-            images = job_inputs.check_images(req.task, raw_images, req.width, req.height)
             if req.webhook_url is not None:
                 caller.vet_webhook_url(req.webhook_url)
         except (FieldError, job_inputs.ImageError) as exc:
@@ -171,13 +170,20 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
         except ApiError as exc:  # webhook_url refused (422) or webhooks not configured (400)
             refuse("webhook_url", exc.message)
             continue
+        need = job_service.need_of(req, caller.default_precision)
+        unserved = job_service.over_capacity(fleet, need)
+        images: list = []
+        if unserved is None:  # the images of a line the fleet serves (a line no worker serves is reported as such)
+            try:
+                images = job_inputs.check_images(req.task, raw_images, req.width, req.height)
+            except job_inputs.ImageError as exc:
+                refuse(exc.field, exc.message)
+                continue
         if custom_id is not None:
             seen.add(custom_id)
         # The idempotency form holds the request, not the fleet's verdict: a retry after the fleet changed is still
         # the same request (the first attempt's outcome is replayed).
         canonical.append({**req.model_dump(mode="json"), "custom_id": custom_id, **job_inputs.fingerprint(images)})
-        need = job_service.need_of(req, caller.default_precision)
-        unserved = job_service.over_capacity(fleet, need)
         if unserved is not None:  # as POST /jobs answers 422 exceeds_worker_capacity / no_capable_worker
             code, message = unserved
             field = "body" if code == "exceeds_worker_capacity" else (

@@ -95,10 +95,13 @@ def create():
                                                 "roof\"}, or multipart/form-data with image files")
         body, raw = job_inputs.split_json(body)
     req = _validated(body)
+    caller = job_http.caller()
+    if raw or req.task != "t2va":  # a task no worker serves is 422 before its images are looked at
+        job_service.check_capacity(caller.r, job_service.need_of(req, caller.default_precision))
     images = job_inputs.check_images(req.task, raw, req.width, req.height)  # nothing is stored on a refusal
     wait_s = _requested_wait()
     record, replayed = job_service.create_job(
-        job_http.caller(), req, JOBS, idempotency.parse_key(request.headers.get("Idempotency-Key")),
+        caller, req, JOBS, idempotency.parse_key(request.headers.get("Idempotency-Key")),
         idempotency.fingerprint({**req.model_dump(mode="json"), **job_inputs.fingerprint(images)}), images)
     if not replayed and wait_s > 0:
         record = _wait(record["id"], wait_s) or record

@@ -73,12 +73,14 @@ def create_video():
     req = validated(parsed, current_app.config["MAX_PROMPT_CHARS"], current_app.config.get("CANVAS"),
                     current_app.config.get("LORA_POLICY"))
     images = []
+    caller = job_http.caller()
     if reference not in (None, ""):
+        job_service.check_capacity(caller.r, job_service.need_of(req, caller.default_precision))  # 422 first
         data = reference if isinstance(reference, bytes) else job_inputs.from_data_url("input_reference", reference)
         images = job_inputs.check_images(req.task, {"first_frame": [("input_reference", data)]}, req.width,
                                          req.height)
     record, replayed = job_service.create_job(
-        job_http.caller(), req, VIDEOS, idempotency.parse_key(request.headers.get("Idempotency-Key")),
+        caller, req, VIDEOS, idempotency.parse_key(request.headers.get("Idempotency-Key")),
         idempotency.fingerprint({"v1": req.model_dump(mode="json"), **job_inputs.fingerprint(images)}), images)
     response = _reply(record, 202)
     if replayed:

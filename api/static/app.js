@@ -146,11 +146,20 @@ const H3 = (() => {
     const body = {prompt: $("prompt").value, seconds: Number($("seconds").value), width, height};
     // Sent as typed: Number() would round a 63-bit seed past 2^53 and render another clip (the API reads the text).
     if ($("seed").value.trim() !== "") body.seed = $("seed").value.trim();
+    const frames = [["first_frame", $("first-frame")], ["last_frame", $("last-frame")]]
+      .filter(([, input]) => input && input.files.length);
+    let request = {method: "POST", body: JSON.stringify(body), headers: {"Content-Type": "application/json"}};
+    if (frames.length) {  // keyframes: multipart with the files, task fl2va (api/job_inputs.py)
+      const form = new FormData();
+      for (const [name, value] of Object.entries(body)) form.append(name, String(value));
+      form.append("task", "fl2va");
+      for (const [name, input] of frames) form.append(name, input.files[0]);
+      request = {method: "POST", body: form};
+    }
     $("submit").disabled = true;
     say("");
     try {
-      const response = await api("/jobs", {method: "POST", body: JSON.stringify(body),
-                                           headers: {"Content-Type": "application/json"}});
+      const response = await api("/jobs", request);
       if (!response.ok) { say(await errorText(response), true); return; }
       const job = await json(response);
       await watch(job);
@@ -210,8 +219,29 @@ const H3 = (() => {
     });
   }
 
+  function initKeyframe(inputId, previewId) {
+    // A file chosen or dropped on the label shows as a preview; the form then sends it (fl2va).
+    const input = $(inputId), preview = $(previewId), drop = input.closest("label");
+    const show = () => {
+      if (preview.src) URL.revokeObjectURL(preview.src);
+      const file = input.files[0];
+      preview.hidden = !file;
+      if (file) preview.src = URL.createObjectURL(file); else preview.removeAttribute("src");
+    };
+    input.addEventListener("change", show);
+    drop.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
+    drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+    drop.addEventListener("drop", (e) => {
+      e.preventDefault();
+      drop.classList.remove("over");
+      if (e.dataTransfer.files.length) { input.files = e.dataTransfer.files; show(); }
+    });
+  }
+
   function initGenerate() {
     initKey();
+    initKeyframe("first-frame", "first-frame-preview");
+    initKeyframe("last-frame", "last-frame-preview");
     $("submit-form").addEventListener("submit", submit);
     $("refresh").addEventListener("click", loadGallery);
     loadGallery();

@@ -185,3 +185,38 @@ def test_batch_upload_progress_items_and_archive(stack, browser, tmp_path):
         " String.fromCharCode(...new Uint8Array(b.slice(0, 2)))]));", href)
     assert head == "PK" and size > 2 * 5_000
     _shot(browser, tmp_path, "web-batch.png")
+
+
+def test_first_and_last_frame_drop_preview_and_send_as_fl2va(stack, browser, tmp_path, rc):
+    """The generate form's first/last-frame inputs show a preview of the chosen image, and a submit with frames goes
+    out as multipart fl2va: this fleet (FastH3 V2 workers) serves t2va only, so the page shows the server's 422
+    naming task fl2va, and no job is created."""
+    import numpy as np
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    frames = []
+    for name, size in (("first.png", (96, 64)), ("last.png", (64, 96))):
+        path = tmp_path / name
+        Image.fromarray(np.random.default_rng(1).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
+        frames.append(path)
+    browser.get(stack.base + "/")
+    browser.execute_script("localStorage.setItem('h3batch.apiKey', arguments[0])", KEY_A)
+    browser.refresh()
+    wait = WebDriverWait(browser, 30, poll_frequency=0.05)
+    for input_id, path in zip(("first-frame", "last-frame"), frames):
+        browser.find_element(By.ID, input_id).send_keys(str(path))
+        preview = browser.find_element(By.ID, f"{input_id}-preview")
+        wait.until(lambda d, p=preview: d.execute_script("return arguments[0].complete && "
+                                                         "arguments[0].naturalWidth", p))
+        assert preview.is_displayed()
+    assert browser.execute_script("return document.getElementById('first-frame-preview').naturalWidth") == 96
+    browser.find_element(By.ID, "prompt").send_keys("The door opens onto the sea")
+    jobs_before = rc.zcard("h3b:jobs")
+    browser.find_element(By.ID, "submit").click()
+    wait.until(lambda d: "fl2va" in d.find_element(By.ID, "message").text)
+    assert "no_capable_worker" in browser.find_element(By.ID, "message").text or \
+        "no worker" in browser.find_element(By.ID, "message").text
+    assert rc.zcard("h3b:jobs") == jobs_before
+    _shot(browser, tmp_path, "web-keyframes.png")

@@ -17,7 +17,7 @@ from PIL import Image
 from h3batch.core import keys
 from h3batch.worker.h3.mp4 import probe_mp4
 from tests.service_stack import REPO, poll_until  # noqa: I001
-from tests.service_stack import H3BATCH
+from tests.service_stack import H3BATCH, wait_batch
 from tests.system.conftest import RedisServer, Stack
 
 SIZE = {"width": 256, "height": 128, "seconds": 5}  # 5 s: the native release's shortest clip
@@ -146,3 +146,25 @@ def test_bad_images_get_a_4xx_naming_the_field_and_store_nothing(stack, send, st
     assert error["code"] == code and error["message"].startswith(field), error
     assert r.zcard(keys.JOBS_INDEX) == jobs_before
     assert sorted(p.name for p in stack.artifacts.iterdir()) == dirs_before
+
+
+def test_a_batch_line_takes_images_and_a_bad_one_is_refused_by_line(stack, tmp_path):
+    """POST /batches: an fl2va line with a data: URL keyframe renders (its keyframe stored under the item's job);
+    a line whose image is not one is refused naming its line and field, and nothing is written."""
+    base = stack.api.base
+    bad = requests.post(f"{base}/batches", json={"requests": [
+        {"prompt": "fine", **SIZE},
+        {"prompt": "x", "task": "fl2va", "first_frame": "data:image/png;base64,AAAA", **SIZE}]}, timeout=30)
+    assert bad.status_code == 422, bad.text
+    detail = bad.json()["error"]["details"][0]
+    assert (detail["line"], detail["field"]) == (2, "first_frame"), detail
+    reply = requests.post(f"{base}/batches", json={"requests": [
+        {"prompt": "a door opens", "task": "fl2va", "first_frame": data_url(png(90, 60, 9)), **SIZE}]}, timeout=30)
+    assert reply.status_code in (200, 201, 202), reply.text
+    batch = wait_batch(base, reply.json()["id"])
+    results = requests.get(f"{base}/batches/{batch['id']}/results", timeout=30)
+    item = json.loads(results.text.splitlines()[0])  # JSONL, one line per item
+    assert item["status"] == "completed", item
+    job_id = item["job_id"]
+    assert (stack.artifacts / job_id / "inputs" / "first_frame.png").is_file()
+    assert_clip(stack, job_id, tmp_path)
