@@ -141,6 +141,9 @@ def encode_presentation(encoder: TextEncoder, token_ids: list[int], mm_token_typ
     if len(token_ids) > encoder.max_tokens:
         raise ValueError(f"prompt with its images is {len(token_ids)} tokens long, the limit is {encoder.max_tokens}")
     device = encoder.device if encoder.device is not None else encoder.model.device
+    visual = encoder.model.model.visual  # the placement (text_placement.py) moves the text stack only
+    if next(visual.parameters()).device != torch.device(device):
+        visual.to(device)
     input_ids = torch.tensor([token_ids], dtype=torch.long, device=device)  # [1, L]
     vision = {name: value.to(device, encoder.model.dtype) if name.startswith("pixel_") else value.to(device)
               for name, value in vision_inputs.items()}

@@ -114,3 +114,13 @@ def test_the_heartbeat_capability_advertises_kind_and_tasks(native):
     assert all(q.startswith("render.t2va.bf16.") for q in cap.queues())
     Loaded.tasks = None
     assert capacity.release_kind_and_tasks(Loaded()) == ("native", ("t2va", "fl2va", "ref2va"))
+
+
+def test_a_rank_group_refuses_the_native_release_at_start(native):
+    """H3BATCH_RANKS > 1 on a native release stops at load with one line naming the variable and what serves it,
+    before any weight is loaded."""
+    from h3batch.worker.pipeline import Pipeline
+
+    with pytest.raises(ValueError, match=r"H3BATCH_RANKS=2: a native MiniMax-H3 release is served by one GPU per "
+                                         r"worker \(H3BATCH_RANKS=1\)"):
+        Pipeline.load(native.release_dir, device="cpu", ranks=2)
