@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable
 
 from h3batch.api import idempotency, job_service
-from h3batch.api.archive_names import member_names
+from h3batch.core.archive_names import member_names
 from h3batch.api.errors import ApiError
 from h3batch.api.job_service import Caller, FieldError
 from h3batch.api.json_budget import JsonBudget, TooComplex, max_tokens
@@ -359,7 +359,7 @@ def item_file(caller: Caller, job_id: str) -> tuple[dict[str, Any], int, Callabl
 
 def archive(caller: Caller, batch: dict[str, Any]) -> tuple[ZipLayout, str]:
     """(layout, ETag) of the finished batch's zip: `manifest.jsonl` (the results lines, each with the `file` it
-    is stored as, api/archive_names.py), then each completed item's MP4. 409 batch_not_finished while items are
+    is stored as, core/archive_names.py), then each completed item's MP4. 409 batch_not_finished while items are
     still queued or running (the member list must not change between two ranges of one download)."""
     if batch["finished_at"] is None:
         view(caller, batch)  # stamps it when every item has finished meanwhile

@@ -48,7 +48,7 @@ def _api(argv: list[str]) -> int:
 
 
 def _submit(argv: list[str]) -> int:
-    from h3batch.api import client_cli
+    from h3batch.client import cli as client_cli
     return client_cli.main(argv)
 
 
