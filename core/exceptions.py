@@ -57,8 +57,9 @@ class NoCapableWorker(JobError):
     code = "no_capable_worker"
 
 
-class GpuOutOfMemory(JobError):
-    """The render ran out of GPU memory (torch.OutOfMemoryError). Not retryable: the same request on the same
-    fleet would fail the same way; the worker freed the memory and serves the next job (worker/oom.py)."""
+class OutOfMemory(JobError):
+    """The render ran out of host or GPU memory (worker/memory_errors.py tells which); the message names the memory,
+    the stage, the request's rows and canvas and the allocation asked for. Not retryable: the same request on the
+    same fleet would fail the same way; the worker freed the memory and serves the next job (worker/oom.py)."""
 
-    code = "gpu_out_of_memory"
+    code = "out_of_memory"

@@ -318,7 +318,7 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "\"Capacity\"): advertised in its heartbeat, larger requests get 422 `exceeds_worker_capacity`"),
     ("H3BATCH_DEBUG_OOM_AT", "debug_oom_at", "(unset: off)", _oom_at, "worker",
      "test knob: `<stage>` or `<stage>:<min rows>`: raise torch's CUDA out-of-memory error at that stage of "
-     "every job of at least that many rows (the job fails `gpu_out_of_memory`; worker/oom.py)"),
+     "every job of at least that many rows (the job fails `out_of_memory`; worker/oom.py)"),
     # webhooks (API vets URLs, workers deliver)
     ("H3BATCH_WEBHOOK_SECRET", "webhook_secret", "(unset: webhooks off)", _webhook_secret, "webhooks",
      "signing secret for webhook deliveries: `whsec_` + base64 of a 24..64-byte key (checked at start), or plain "

@@ -20,7 +20,6 @@ from h3batch.core import defaults, jobs, lease
 from h3batch.core.artifact_store import ArtifactStore, StoreUnavailable, open_store, sha256_file
 from h3batch.core.exceptions import (
     ExceedsWorkerCapacity,
-    GpuOutOfMemory,
     InvalidRequest,
     JobError,
     NoCapableWorker,
@@ -229,15 +228,17 @@ class Attempt:
                                                  "retryable": exc.retryable, "stage": self.stage}})
         log.info("render refused code=%s message=%s", exc.code, exc.message, extra=self.log_extra)
 
-    def finish_out_of_memory(self, exc: Exception) -> None:
-        """torch.OutOfMemoryError mid-render: the job fails `gpu_out_of_memory` (not retryable: the same request
-        would run out again), the memory the render held is freed, and the worker takes the next job."""
-        from h3batch.worker import oom  # noqa: PLC0415  (torch)
+    def finish_out_of_memory(self, exc: Exception, kind) -> None:
+        """Host or GPU memory ran out mid-render (worker/memory_errors.py): the job fails `out_of_memory` (not
+        retryable: the same request would run out again) naming the memory, stage and size asked, the memory the
+        render held is freed, and the worker takes the next job."""
+        from h3batch.worker import memory_errors, oom  # noqa: PLC0415  (torch)
 
-        error = GpuOutOfMemory(f"the GPU ran out of memory at stage {self.stage} rendering {self.rows} rows (this "
-                               f"worker advertises max_rows {self.res.max_rows}); a smaller canvas or a shorter clip "
-                               f"needs fewer rows")
-        log.error("render out of GPU memory stage=%s rows=%d max_rows=%d error=%s", self.stage, self.rows,
+        request = self.record
+        canvas = f"{request.get('width')}x{request.get('height')}, {float(request.get('seconds') or 0):g} s"
+        error = memory_errors.out_of_memory(exc, kind, stage=self.stage, rows=self.rows, canvas=canvas,
+                                            max_rows=self.res.max_rows)
+        log.error("render out of %s memory stage=%s rows=%d max_rows=%d error=%s", kind.value, self.stage, self.rows,
                   self.res.max_rows, str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__,
                   extra=self.log_extra)
         self.finish(JobStatus.FAILED, {"error": {"code": error.code, "message": error.message,
