@@ -158,6 +158,7 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
                 continue
         try:
             req = job_service.validate_create(body, max_prompt_chars=max_prompt_chars, canvas=canvas)
+            job_service.check_timeout(caller, req)
             if req.webhook_url is not None:
                 caller.vet_webhook_url(req.webhook_url)
         except FieldError as exc:
@@ -181,7 +182,8 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
             continue
         spec = JobSpec(prompt=req.prompt, seconds=float(req.seconds), width=req.width, height=req.height,
                        seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
-                       owner=caller.owner, webhook_url=req.webhook_url, task=need.task, precision=need.precision)
+                       owner=caller.owner, webhook_url=req.webhook_url, task=need.task, precision=need.precision,
+                       timeout_s=req.timeout_s)
         items.append(batches.Item(spec=spec, index=index, custom_id=custom_id))
     form = {"requests": canonical, "refused": refused, "metadata": sub.metadata, "on_invalid": sub.on_invalid,
             "webhook_url": sub.webhook_url}

@@ -35,7 +35,8 @@ def caller(job_id: str | None = None) -> job_service.Caller:
                               result_ttl_s=current_app.config["RESULT_TTL_S"], send_render=_send_render,
                               vet_webhook_url=vet_webhook_url, request_id=g.get("request_id"),
                               store=app_store(),
-                              default_precision=current_app.config.get("DEFAULT_PRECISION") or "bf16")
+                              default_precision=current_app.config.get("DEFAULT_PRECISION") or "bf16",
+                              max_job_timeout_s=current_app.config.get("MAX_JOB_TIMEOUT_S") or 0)
 
 
 def app_store() -> ArtifactStore:

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from h3batch.cli_args import OneLineArgumentParser
 from h3batch.client.cli_common import CliError, refusals, writable_file
 from h3batch.client.errors import WaitTimeout
-from h3batch.client.models import JobEvent
+from h3batch.client.progress import JobBar as Progress
 from h3batch.client.sync import Client
 from h3batch.settings import raw_value
 
@@ -89,36 +89,6 @@ def _parser() -> argparse.ArgumentParser:
                         help="give up waiting after this many seconds (one job: default 1800; batch: no limit)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (still prints the outcome)")
     return parser
-
-
-class Progress:
-    """A tqdm bar 0..100 labelled with the stage (or nothing with --no-progress)."""
-
-    def __init__(self, enabled: bool, job_id: str):
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm  # noqa: PLC0415
-
-            self.bar = tqdm(total=100, desc=job_id[:16], unit="%", bar_format="{desc} {bar} {n:.0f}% {postfix}",
-                            file=sys.stderr)
-
-    def show(self, progress: float | None, stage: str | None, step: int | None = None) -> None:
-        if self.bar is None:
-            return
-        if progress is not None:
-            self.bar.n = round(progress * 100, 1)
-        if stage:
-            self.bar.set_postfix_str(stage + (f" {step}/8" if stage == "denoise" and step else ""), refresh=False)
-        self.bar.refresh()
-
-    def show_event(self, event: JobEvent) -> None:
-        """One event of the job's stream (or a long poll's look) on the bar."""
-        data = event.data
-        self.show(data.get("progress"), data.get("stage"), data.get("step"))
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def main(argv: list[str]) -> int:

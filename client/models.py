@@ -70,6 +70,7 @@ class Job(_Wire):
     size_bytes: int | None = None
     attempt: int = 0
     cancel_reason: str | None = None
+    timeout_s: float | None = None
     error: ErrorInfo | None = None
     metadata: dict[str, Any] | None = None
 

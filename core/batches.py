@@ -170,6 +170,8 @@ def create_batch(r: redis.Redis, owner: str, items: list[Item], *, metadata: dic
             "task": spec.task, "precision": spec.precision}
         if spec.webhook_url:
             record["webhook_url"] = spec.webhook_url
+        if spec.timeout_s:
+            record["timeout_s"] = spec.timeout_s
         if item.custom_id is not None:
             record["custom_id"] = item.custom_id
         pairs = [x for pair in store._encode(record).items() for x in pair]

@@ -57,6 +57,13 @@ class NoCapableWorker(JobError):
     code = "no_capable_worker"
 
 
+class JobTimeout(JobError):
+    """The job was not finished within its own `timeout_s` of its creation (queue time included): refused at claim
+    when already past it, else stopped by the run deadline (worker/deadline.py). Not retryable."""
+
+    code = "timeout"
+
+
 class OutOfMemory(JobError):
     """The render ran out of host or GPU memory (worker/memory_errors.py tells which); the message names the memory,
     the stage, the request's rows and canvas and the allocation asked for. Not retryable: the same request on the

@@ -65,7 +65,7 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
 
 # Field -> decoder for the hash's string values; fields not listed stay str.
 _INT_FIELDS = {"step", "total_steps", "width", "height", "seed", "seq", "attempt", "frames", "size_bytes"}
-_FLOAT_FIELDS = {"progress", "seconds", "created_at", "started_at", "finished_at", "expires_at"}
+_FLOAT_FIELDS = {"progress", "seconds", "created_at", "started_at", "finished_at", "expires_at", "timeout_s"}
 _JSON_FIELDS = {"timings", "tokens", "error", "metadata", "webhook_deliveries"}
 _EVENT_FIELDS = ("attempt", "stage", "progress", "error", "cancel_reason", "cancelled_at_stage")
 """Fields of a transition's update copied into its event."""
@@ -86,6 +86,7 @@ class JobSpec:
     api: str = "jobs"  # which view created it: "jobs" or "openai" (/v1/videos); picks webhook event names
     task: str = "t2va"  # core/routing.TASKS; with precision and the rows, names the job's render queue
     precision: str = "bf16"  # core/routing.PRECISIONS
+    timeout_s: float | None = None  # finish within this many seconds of creation, else fail `timeout`
 
 
 
@@ -198,6 +199,8 @@ def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None, max_q
     }
     if spec.webhook_url:
         record["webhook_url"] = spec.webhook_url
+    if spec.timeout_s:
+        record["timeout_s"] = spec.timeout_s
     if spec.api != "jobs":
         record["api"] = spec.api
     pairs = [item for field_value in _encode(record).items() for item in field_value]

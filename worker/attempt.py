@@ -21,6 +21,7 @@ from h3batch.core.artifact_store import ArtifactStore, StoreUnavailable, open_st
 from h3batch.core.exceptions import (
     ExceedsWorkerCapacity,
     InvalidRequest,
+    JobTimeout,
     JobError,
     NoCapableWorker,
     ReleaseMismatch,
@@ -69,6 +70,12 @@ class Attempt:
         return self.record["attempt"]
 
     @property
+    def timeout_at(self) -> float | None:
+        """Wall-clock time by which the job must be finished (created_at + its timeout_s), None without one."""
+        timeout_s = self.record.get("timeout_s")
+        return self.record["created_at"] + timeout_s if timeout_s else None
+
+    @property
     def log_extra(self) -> dict[str, str]:
         return {"job_id": self.job_id}
 
@@ -93,7 +100,7 @@ class Attempt:
         att = cls(res=res, job_id=job_id, record=record, holder=holder, job_dir=settings.artifacts_dir / job_id)
         lease.count(r, job_id, "started")
         res.heartbeat.set_busy(job_id, holder)
-        res.deadline.begin(job_id, holder, att.number)
+        res.deadline.begin(job_id, holder, att.number, timeout_at=att.timeout_at)
         if lease.remove_stale_attempts(att.job_dir, att.number):
             log.info("removed partial files of an earlier attempt", extra=att.log_extra)
         if att.store.kind != "local":
@@ -110,13 +117,17 @@ class Attempt:
     def render(self) -> Any:
         """Check the job against this worker, render it into the attempt's file; returns the `RenderResult`.
 
-        Raises ReleaseMismatch / NoCapableWorker / InvalidRequest / ExceedsWorkerCapacity (refusals), RenderCancelled
+        Raises JobTimeout / ReleaseMismatch / NoCapableWorker / InvalidRequest / ExceedsWorkerCapacity (refusals),
+        RenderCancelled
         or LeaseLost
         (stopped), or what the pipeline raised (torch.OutOfMemoryError among it).
         """
         from h3batch.worker.pipeline import RenderRequest  # noqa: PLC0415  (torch)
 
         record, pipeline, settings = self.record, self.res.pipeline, self.res.settings
+        if self.timeout_at is not None and time.time() >= self.timeout_at:  # waited in the queue past its timeout
+            raise JobTimeout(f"the job was not finished within its timeout_s ({record['timeout_s']:g} s from "
+                             f"creation): it waited {time.time() - record['created_at']:.1f} s before a worker took it")
         wanted = record.get("release")
         if wanted and wanted != pipeline.release_id:
             raise ReleaseMismatch(f"release: this worker serves {pipeline.release_id!r}, the job asks for "
