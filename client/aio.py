@@ -151,6 +151,9 @@ class AsyncClient:
             raise job_failed(current)
         return current
 
+    async def logs(self, job: JobRef) -> list[dict[str, Any]]:
+        return (await self.request("GET", f"/jobs/{_id(job)}/logs")).json()["data"]
+
     async def cancel(self, job: JobRef) -> Job:
         try:
             return Job.model_validate((await self.request("POST", f"/jobs/{_id(job)}/cancel")).json())

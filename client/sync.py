@@ -191,6 +191,10 @@ class Client:
             raise job_failed(current)
         return current
 
+    def logs(self, job: JobRef) -> list[dict[str, Any]]:
+        """The worker's log lines about the job (GET /jobs/{id}/logs): `{ts, level, logger, message}`, oldest first."""
+        return self.request("GET", f"/jobs/{_id(job)}/logs").json()["data"]
+
     def cancel(self, job: JobRef) -> Job:
         """Cancel (POST /jobs/{id}/cancel): a queued job at once, a running one at its next step. A job already
         finished is returned as it is (a retried cancel whose first answer was lost lands here too)."""

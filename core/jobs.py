@@ -297,6 +297,7 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
                     if record_ttl_s is not None:
                         pipe.expire(key, record_ttl_s)
                         pipe.expire(keys.events(job_id), record_ttl_s)
+                        pipe.expire(keys.logs(job_id), record_ttl_s)
                         pipe.zadd(keys.EXPIRY, {f"{job_id}:{owner}": now + record_ttl_s})
                     pipe.publish(keys.done_channel(job_id), to.value)
                 if hook:
@@ -387,6 +388,7 @@ def delete_job(r: redis.Redis, job_id: str) -> bool:
         pipe.zrem(keys.BACKLOG, job_id)
         pipe.zrem(keys.RUNNING, job_id)
         pipe.delete(keys.events(job_id))
+        pipe.delete(keys.logs(job_id))
         pipe.publish(keys.done_channel(job_id), "deleted")
         removed = pipe.execute()[0]
     return bool(removed)

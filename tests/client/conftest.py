@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from tests.api.conftest import (KEY_A, compat_api, compat_artifacts, compat_redis_url,  # noqa: F401  (fixtures)
+from tests.api.conftest import (KEY_A, compat_api, compat_artifacts, compat_redis_url, rc,  # noqa: F401  (fixtures)
                                 compat_worker, stack)
 from tests.service_stack import tiny_release  # noqa: F401  (fixture)
 
