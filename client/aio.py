@@ -130,7 +130,8 @@ class AsyncClient:
         while not current.finished:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise WaitTimeout(f"job {job_id} did not finish within {timeout_s:g} s (it keeps running)")
+                raise WaitTimeout(f"job {job_id} did not finish within {timeout_s:g} s "
+                                  "(it keeps running on the server)")
             if use_events:
                 try:
                     async for event in self.events(job_id, last_event_id=last_id):
@@ -227,7 +228,8 @@ class AsyncClient:
             if current.finished:
                 return current
             if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(f"batch {current.id} did not finish within {timeout_s:g} s (it keeps running)")
+                raise WaitTimeout(f"batch {current.id} did not finish within {timeout_s:g} s "
+                                  "(it keeps running on the server)")
             await asyncio.sleep(poll_s)
             current = await self.get_batch(current.id)
 

@@ -170,7 +170,8 @@ class Client:
         while not current.finished:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise WaitTimeout(f"job {job_id} did not finish within {timeout_s:g} s (it keeps running)")
+                raise WaitTimeout(f"job {job_id} did not finish within {timeout_s:g} s "
+                                  "(it keeps running on the server)")
             if use_events:
                 try:
                     for event in self.events(job_id, last_event_id=last_id):
@@ -307,7 +308,8 @@ class Client:
             if current.finished:
                 return current
             if deadline is not None and time.monotonic() >= deadline:
-                raise WaitTimeout(f"batch {current.id} did not finish within {timeout_s:g} s (it keeps running)")
+                raise WaitTimeout(f"batch {current.id} did not finish within {timeout_s:g} s "
+                                  "(it keeps running on the server)")
             time.sleep(poll_s)
             current = self.get_batch(current.id)
 
