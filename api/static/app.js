@@ -122,10 +122,16 @@ const H3 = (() => {
     facts.textContent = job.width + "×" + job.height + " · " + job.seconds + " s · seed " + job.seed +
       " · " + fmtSeconds(job.inference_time_s) + (meta.gpu ? " · " + meta.gpu : "");
     info.appendChild(facts);
+    const download = document.createElement("a");  // the MP4 needs the key: a blob URL once it is fetched
+    download.className = "download";
+    download.textContent = "download";
+    download.download = job.id + ".mp4";
+    download.hidden = true;
+    info.appendChild(download);
     div.appendChild(info);
     blobUrl("/v1/videos/" + encodeURIComponent(job.id) + "/content?variant=thumbnail")
       .then((url) => { video.poster = url; }).catch(() => { /* the video itself still loads */ });
-    blobUrl(job.links.content).then((url) => { video.src = url; })
+    blobUrl(job.links.content).then((url) => { video.src = url; download.href = url; download.hidden = false; })
       .catch((e) => { facts.textContent += " · video unavailable (" + e.message + ")"; });
     return div;
   }
@@ -166,6 +172,15 @@ const H3 = (() => {
     $("current-id").textContent = job.id;
     const video = $("current-video");
     video.hidden = true;
+    const cancel = $("current-cancel"), download = $("current-download");
+    download.hidden = true;
+    cancel.hidden = false;
+    cancel.disabled = false;
+    cancel.onclick = async () => {  // queued: cancelled at once; running: stops at the next denoise step
+      cancel.disabled = true;
+      const response = await api("/jobs/" + encodeURIComponent(job.id) + "/cancel", {method: "POST"});
+      if (!response.ok && response.status !== 409) say(await errorText(response), true);
+    };
     const show = (status, stage, progress, step) => {
       $("current-status").textContent = status;
       $("current-status").className = "badge " + status;
@@ -179,11 +194,15 @@ const H3 = (() => {
       show(TERMINAL.has(name) ? name : status, data.stage, data.progress, data.step);
     });
     const done = await json(await api("/jobs/" + job.id));
+    cancel.hidden = true;
     show(done.status, null, done.progress);
     $("current-stage").textContent = done.width + "×" + done.height + " · " + done.seconds + " s · seed " + done.seed;
     if (final === "completed") {
       video.src = await blobUrl(done.links.content);
       video.hidden = false;
+      download.href = video.src;
+      download.download = done.id + ".mp4";
+      download.hidden = false;
       say("Done in " + fmtSeconds(done.inference_time_s) + ".");
       loadGallery();
     } else {

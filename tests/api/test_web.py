@@ -185,3 +185,47 @@ def test_batch_upload_progress_items_and_archive(stack, browser, tmp_path):
         " String.fromCharCode(...new Uint8Array(b.slice(0, 2)))]));", href)
     assert head == "PK" and size > 2 * 5_000
     _shot(browser, tmp_path, "web-batch.png")
+
+
+def test_cancel_and_download_buttons(stack, browser):
+    """A job queued behind three renders shows a cancel button that cancels it (badge `cancelled`, button gone);
+    a job that completes offers its MP4 as a download (a blob of the video, named after the job), and so does each
+    gallery clip."""
+    import requests
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 120, poll_frequency=0.05)
+    browser.get(stack.base + "/")
+    browser.execute_script("localStorage.setItem('h3batch.apiKey', arguments[0])", KEY_A)
+    browser.get(stack.base + "/")
+    for n in range(3):  # the page's job waits behind these (one worker renders one job at a time)
+        reply = requests.post(f"{stack.base}/jobs", json={"prompt": f"a blocker {n}", "width": 256, "height": 128},
+                              headers={"Authorization": f"Bearer {KEY_A}"}, timeout=60)
+        assert reply.status_code == 202, reply.text
+    browser.find_element(By.ID, "prompt").send_keys("A job to cancel")
+    browser.find_element(By.ID, "submit").click()
+    wait.until(lambda d: d.find_element(By.ID, "current-cancel").is_displayed())
+    browser.find_element(By.ID, "current-cancel").click()
+    wait.until(lambda d: d.find_element(By.ID, "current-status").text == "cancelled")
+    assert not browser.find_element(By.ID, "current-cancel").is_displayed()
+    assert not browser.find_element(By.ID, "current-download").is_displayed()
+
+    prompt = browser.find_element(By.ID, "prompt")
+    prompt.clear()
+    prompt.send_keys("A job to download")
+    browser.find_element(By.ID, "submit").click()
+    wait.until(lambda d: d.find_element(By.ID, "current-status").text == "completed"
+               and d.find_element(By.ID, "current-download").is_displayed())
+    link = browser.find_element(By.ID, "current-download")
+    job_id = browser.find_element(By.ID, "current-id").text
+    assert link.get_attribute("href").startswith("blob:") and link.get_attribute("download") == f"{job_id}.mp4"
+    size = browser.execute_async_script("const done = arguments[arguments.length - 1];"
+                                        "fetch(arguments[0]).then(r => r.blob()).then(b => done(b.size));",
+                                        link.get_attribute("href"))
+    stored = requests.head(f"{stack.base}/jobs/{job_id}/content", headers={"Authorization": f"Bearer {KEY_A}"},
+                           timeout=60)
+    assert size == int(stored.headers["Content-Length"]) > 0
+    links = "return [...document.querySelectorAll('#gallery a.download')].map(a => [a.href, a.download]);"
+    wait.until(lambda d: d.execute_script(links) and all(h.startswith("blob:") for h, _ in d.execute_script(links)))
+    assert all(name.endswith(".mp4") for _, name in browser.execute_script(links))
