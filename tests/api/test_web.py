@@ -229,3 +229,13 @@ def test_cancel_and_download_buttons(stack, browser):
     links = "return [...document.querySelectorAll('#gallery a.download')].map(a => [a.href, a.download]);"
     wait.until(lambda d: d.execute_script(links) and all(h.startswith("blob:") for h, _ in d.execute_script(links)))
     assert all(name.endswith(".mp4") for _, name in browser.execute_script(links))
+
+
+def test_batch_page_help_shows_the_limit_not_its_variable(compat_api):
+    """The batch form's help text names the server's batch limit as a number, not `H3BATCH_MAX_BATCH`."""
+    import requests
+
+    from h3batch.settings import Settings
+
+    page = " ".join(requests.get(compat_api.base + "/ui/batches", timeout=60).text.split())
+    assert f"up to the server's {Settings().max_batch} lines" in page and "H3BATCH_MAX_BATCH" not in page
