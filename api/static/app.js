@@ -105,10 +105,11 @@ const H3 = (() => {
     const div = document.createElement("article");
     div.className = "clip";
     div.dataset.jobId = job.id;
+    // The gallery shows thumbnails; a clip's MP4 is fetched (as a blob: it needs the key) only when it is played.
     const video = document.createElement("video");
-    video.controls = true;
-    video.preload = "auto";
+    video.preload = "none";
     video.playsInline = true;
+    video.title = "play";
     div.appendChild(video);
     const meta = job.metadata || {};
     const info = document.createElement("div");
@@ -127,12 +128,28 @@ const H3 = (() => {
     download.textContent = "download";
     download.download = job.id + ".mp4";
     download.hidden = true;
-    info.appendChild(download);
+    const play = document.createElement("button");
+    play.type = "button";
+    play.className = "link play";
+    play.textContent = "▶ play";
+    info.append(play, download);
     div.appendChild(info);
     blobUrl("/v1/videos/" + encodeURIComponent(job.id) + "/content?variant=thumbnail")
-      .then((url) => { video.poster = url; }).catch(() => { /* the video itself still loads */ });
-    blobUrl(job.links.content).then((url) => { video.src = url; download.href = url; download.hidden = false; })
-      .catch((e) => { facts.textContent += " · video unavailable (" + e.message + ")"; });
+      .then((url) => { video.poster = url; }).catch(() => { /* the play button still works */ });
+    let loading = null;
+    const load = () => {
+      loading = loading || blobUrl(job.links.content).then((url) => {
+        video.src = url;
+        video.controls = true;
+        download.href = url;
+        download.hidden = false;
+        play.hidden = true;
+        return video.play().catch(() => { /* autoplay refused: the controls are there */ });
+      }).catch((e) => { loading = null; facts.textContent += " · video unavailable (" + e.message + ")"; });
+      return loading;
+    };
+    play.addEventListener("click", load);
+    video.addEventListener("click", () => { if (!video.src) load(); });
     return div;
   }
 

@@ -51,7 +51,8 @@ def _shot(driver, tmp_path: Path, name: str) -> Path:
 
 def test_submit_progress_video_and_gallery(stack, browser, tmp_path):
     """The page asks for the key after a 401, submits a job, shows progress to 100 % and plays the MP4
-    (readyState ≥ 1, duration > 0); the gallery then lists playable clips."""
+    (readyState ≥ 1, duration > 0); the gallery then lists clips by their thumbnails, each fetching its MP4 only
+    when played."""
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -91,7 +92,11 @@ def test_submit_progress_video_and_gallery(stack, browser, tmp_path):
         _shot(browser, tmp_path, "web-submit.png")
 
     clips = "return [...document.querySelectorAll('#gallery video')].map(v => [v.readyState, v.duration]);"
-    wait.until(lambda d: d.execute_script(clips) and all(s >= 1 for s, _ in d.execute_script(clips)))
+    wait.until(lambda d: d.execute_script(clips))
+    # Thumbnails only until a clip is played: no gallery video has fetched its MP4 yet.
+    assert browser.execute_script("return [...document.querySelectorAll('#gallery video')].every(v => !v.src)")
+    browser.execute_script("document.querySelectorAll('#gallery button.play').forEach(b => b.click())")
+    wait.until(lambda d: all(s >= 1 for s, _ in d.execute_script(clips)))
     states = browser.execute_script(clips)
     assert len(states) >= 1 and all(duration > 0 for _, duration in states)
     posters = "return [...document.querySelectorAll('#gallery video')].map(v => v.poster.startsWith('blob:'));"
@@ -226,6 +231,7 @@ def test_cancel_and_download_buttons(stack, browser):
     stored = requests.head(f"{stack.base}/jobs/{job_id}/content", headers={"Authorization": f"Bearer {KEY_A}"},
                            timeout=60)
     assert size == int(stored.headers["Content-Length"]) > 0
+    browser.execute_script("document.querySelectorAll('#gallery button.play').forEach(b => b.click())")
     links = "return [...document.querySelectorAll('#gallery a.download')].map(a => [a.href, a.download]);"
     wait.until(lambda d: d.execute_script(links) and all(h.startswith("blob:") for h, _ in d.execute_script(links)))
     assert all(name.endswith(".mp4") for _, name in browser.execute_script(links))
