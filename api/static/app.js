@@ -202,14 +202,27 @@ const H3 = (() => {
       $("current-status").textContent = status;
       $("current-status").className = "badge " + status;
       if (progress != null) $("progress").value = Math.round(progress * 100);
-      $("current-stage").textContent = stage ? "stage " + stage + (step ? " · step " + step + "/8" : "") : "";
+      $("current-stage").textContent = status === "queued" ? queuedText :
+        stage ? "stage " + stage + (step ? " · step " + step + "/8" : "") : "";
     };
+    // While queued the event stream is quiet: the place in line comes from a look at the job every 1.5 s.
+    const placeText = (j) => "queued" + (j.queue_position ? " · position " + j.queue_position + " in line" : "");
+    let queuedText = placeText(job);
+    const lookAtQueue = setInterval(async () => {
+      const response = await api("/jobs/" + encodeURIComponent(job.id));
+      if (!response.ok) return;
+      const now = await json(response);
+      if (now.status !== "queued") { clearInterval(lookAtQueue); return; }
+      queuedText = placeText(now);
+      if ($("current-status").textContent === "queued") $("current-stage").textContent = queuedText;
+    }, 1500);
     show(job.status, job.stage, job.progress);
     let status = job.status;
     const final = await followEvents(job.id, (name, data) => {
       if (data.status) status = data.status;
       show(TERMINAL.has(name) ? name : status, data.stage, data.progress, data.step);
     });
+    clearInterval(lookAtQueue);
     const done = await json(await api("/jobs/" + job.id));
     cancel.hidden = true;
     show(done.status, null, done.progress);

@@ -193,7 +193,8 @@ def test_batch_upload_progress_items_and_archive(stack, browser, tmp_path):
 
 
 def test_cancel_and_download_buttons(stack, browser):
-    """A job queued behind three renders shows a cancel button that cancels it (badge `cancelled`, button gone);
+    """A job queued behind three renders shows its place in line and a cancel button that cancels it (badge
+    `cancelled`, button gone);
     a job that completes offers its MP4 as a download (a blob of the video, named after the job), and so does each
     gallery clip."""
     import requests
@@ -211,6 +212,8 @@ def test_cancel_and_download_buttons(stack, browser):
     browser.find_element(By.ID, "prompt").send_keys("A job to cancel")
     browser.find_element(By.ID, "submit").click()
     wait.until(lambda d: d.find_element(By.ID, "current-cancel").is_displayed())
+    assert browser.find_element(By.ID, "current-status").text == "queued"  # behind the blockers
+    assert "queued · position" in browser.find_element(By.ID, "current-stage").text
     browser.find_element(By.ID, "current-cancel").click()
     wait.until(lambda d: d.find_element(By.ID, "current-status").text == "cancelled")
     assert not browser.find_element(By.ID, "current-cancel").is_displayed()
