@@ -259,11 +259,23 @@ const H3 = (() => {
     });
   }
 
+  async function openJob(id) {
+    // `/#job_…` (a batch item's link): follow that job here as if it had just been submitted.
+    const response = await api("/jobs/" + encodeURIComponent(id));
+    if (!response.ok) { if (response.status !== 401) say(await errorText(response), true); return; }
+    await watch(await json(response));
+  }
+
   function initGenerate() {
     initKey();
     $("submit-form").addEventListener("submit", submit);
     $("refresh").addEventListener("click", loadGallery);
     loadGallery();
+    const opened = () => {
+      if (location.hash.startsWith("#job_")) openJob(decodeURIComponent(location.hash.slice(1)));
+    };
+    window.addEventListener("hashchange", opened);
+    opened();
   }
 
   async function loadSweeps() {
@@ -388,6 +400,13 @@ const H3 = (() => {
         const cell = document.createElement("td");
         cell.textContent = text;
         row.appendChild(cell);
+      }
+      if (r.job_id && !r.error) {  // the item's job opens on the generate page (progress, player, download)
+        const link = document.createElement("a");
+        link.href = "/#" + encodeURIComponent(r.job_id);
+        link.className = "job-link";
+        link.textContent = r.job_id;
+        row.lastChild.replaceChildren(link);
       }
       return row;
     }));

@@ -132,7 +132,7 @@ def test_sweeps_page_lists_sweeps(compat_api, browser):
 def test_batch_upload_progress_items_and_archive(stack, browser, tmp_path):
     """/ui/batches: a bad JSONL file is answered with the server's per-line errors; a good one (2 items) is uploaded
     as multipart, its progress bar and item rows follow the batch to completed, and the archive link (fetched with
-    the stored key into a blob: URL) yields a zip holding both clips."""
+    the stored key into a blob: URL) yields a zip holding both clips; an item's link opens its job, playable."""
     import json
 
     from selenium.webdriver.common.by import By
@@ -190,6 +190,16 @@ def test_batch_upload_progress_items_and_archive(stack, browser, tmp_path):
         " String.fromCharCode(...new Uint8Array(b.slice(0, 2)))]));", href)
     assert head == "PK" and size > 2 * 5_000
     _shot(browser, tmp_path, "web-batch.png")
+
+    # Each item opens its job on the generate page: status, the player and the download link.
+    item = browser.find_element(By.CSS_SELECTOR, "#item-0 a.job-link")
+    job_id = item.text
+    item.click()
+    wait.until(lambda d: d.find_element(By.ID, "current-id").text == job_id
+               and d.find_element(By.ID, "current-status").text == "completed"
+               and d.find_element(By.ID, "current-download").is_displayed())
+    ready = "return document.getElementById('current-video').readyState;"
+    wait.until(lambda d: d.execute_script(ready) >= 1)
 
 
 def test_cancel_and_download_buttons(stack, browser):
