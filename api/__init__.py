@@ -18,7 +18,7 @@ _REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _FROM_SETTINGS = ("redis_url", "max_queued", "max_active_per_key", "max_prompt_chars", "max_run_s", "result_ttl_s", "api_threads",
                   "wait_max", "wait_max_per_key", "sse_max_streams", "sse_max_streams_per_key", "sse_max_s",
                   "sse_keepalive_s", "openai_model", "canvas", "sweep_queue", "sweep_allow_loopback",
-                  "sweep_allow_private", "max_batch", "metrics_token", "default_precision")
+                  "sweep_allow_private", "max_batch", "metrics_token", "default_precision", "max_job_timeout_s")
 """Settings fields the API reads as they are, under their names in capitals (`CANVAS`: a name of
 core.geometry.CANVAS_PROFILES); the rest are converted below."""
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Callable
 
 from h3batch.api import idempotency, job_inputs, job_service
-from h3batch.api.archive_names import member_names
+from h3batch.core.archive_names import member_names
 from h3batch.api.errors import ApiError
 from h3batch.api.job_service import Caller, FieldError
 from h3batch.api.json_budget import JsonBudget, TooComplex, max_tokens
@@ -162,6 +162,7 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
             body, raw_images = job_inputs.split_json(body)  # data: URLs (api/job_inputs.py), as POST /jobs takes
             req = job_service.validate_create(body, max_prompt_chars=max_prompt_chars, canvas=canvas,
                                               lora_policy=caller.lora_policy)
+            job_service.check_timeout(caller, req)
             if req.webhook_url is not None:
                 caller.vet_webhook_url(req.webhook_url)
         except (FieldError, job_inputs.ImageError) as exc:
@@ -197,7 +198,7 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
         spec = JobSpec(prompt=req.prompt, seconds=float(req.seconds), width=req.width, height=req.height,
                        seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
                        owner=caller.owner, webhook_url=req.webhook_url, task=need.task, precision=need.precision,
-                       loras=tuple(req.lora_records))
+                       loras=tuple(req.lora_records), timeout_s=req.timeout_s)
         items.append(batches.Item(spec=spec, index=index, custom_id=custom_id, images=tuple(images)))
     form = {"requests": canonical, "refused": refused, "metadata": sub.metadata, "on_invalid": sub.on_invalid,
             "webhook_url": sub.webhook_url}
@@ -405,7 +406,7 @@ def item_file(caller: Caller, job_id: str) -> tuple[dict[str, Any], int, Callabl
 
 def archive(caller: Caller, batch: dict[str, Any]) -> tuple[ZipLayout, str]:
     """(layout, ETag) of the finished batch's zip: `manifest.jsonl` (the results lines, each with the `file` it
-    is stored as, api/archive_names.py), then each completed item's MP4. 409 batch_not_finished while items are
+    is stored as, core/archive_names.py), then each completed item's MP4. 409 batch_not_finished while items are
     still queued or running (the member list must not change between two ranges of one download)."""
     if batch["finished_at"] is None:
         view(caller, batch)  # stamps it when every item has finished meanwhile

@@ -36,7 +36,8 @@ def caller(job_id: str | None = None) -> job_service.Caller:
                               vet_webhook_url=vet_webhook_url, request_id=g.get("request_id"),
                               store=app_store(),
                               default_precision=current_app.config.get("DEFAULT_PRECISION") or "bf16",
-                              lora_policy=current_app.config.get("LORA_POLICY"))
+                              lora_policy=current_app.config.get("LORA_POLICY"),
+                              max_job_timeout_s=current_app.config.get("MAX_JOB_TIMEOUT_S") or 0)
 
 
 def app_store() -> ArtifactStore:

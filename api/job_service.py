@@ -64,7 +64,7 @@ def validate_create(body: dict, *, max_prompt_chars: int, canvas: str | None,
         kind, where, message = first_error(exc)
         if kind == "extra_forbidden":
             message = (f"{where}: unknown field (accepted: prompt, seconds, width, height, aspect_ratio, seed, release, "
-                       "webhook_url, precision, task, first_frame, last_frame, references, loras)")
+                       "webhook_url, precision, task, first_frame, last_frame, references, loras, timeout_s)")
         elif kind not in _OWN_MESSAGES:
             message = f"{where}: {message}"
         named = _NAMED.match(message)
@@ -111,6 +111,8 @@ class Caller:
     """The precision of a job that asks for none (H3BATCH_DEFAULT_PRECISION)."""
     lora_policy: loras.LoraPolicy | None = None
     """The per-job LoRA allow-list and limit (H3BATCH_LORA_ALLOW, H3BATCH_MAX_LORAS); None: no adapter allowed."""
+    max_job_timeout_s: int = 0
+    """The largest `timeout_s` a job may ask for (H3BATCH_MAX_JOB_TIMEOUT_S; 0: no cap)."""
 
     @property
     def artifacts(self) -> ArtifactStore:
@@ -161,11 +163,19 @@ def create_job(caller: Caller, req: CreateJob, words: Vocabulary, idempotency_ke
     return record, False
 
 
+def check_timeout(caller: Caller, req: CreateJob) -> None:
+    """FieldError 400 invalid_request when `timeout_s` is over the operator's cap (H3BATCH_MAX_JOB_TIMEOUT_S)."""
+    if req.timeout_s is not None and caller.max_job_timeout_s and req.timeout_s > caller.max_job_timeout_s:
+        raise FieldError(400, "invalid_request", f"timeout_s: at most {caller.max_job_timeout_s} s "
+                         f"(H3BATCH_MAX_JOB_TIMEOUT_S), found {req.timeout_s:g}", "timeout_s")
+
+
 def _create_and_enqueue(caller: Caller, req: CreateJob, api: str, images: list) -> dict[str, Any]:
     """Write the queued record, then send its message; a refused message fails the job (never left queued).
     `images` (api/job_inputs.py, already checked) are stored under the job's id before its record exists, and
     removed again when the record is refused. 422 exceeds_worker_capacity / no_capable_worker, 400/422 webhook_url
     refused, 429 too_many_active_jobs, 503 queue_full or storage_unavailable."""
+    check_timeout(caller, req)
     need = need_of(req, caller.default_precision)
     check_capacity(caller.r, need)  # before anything is written
     check_lora_base(capacity.fleet(caller.r), req)
@@ -183,7 +193,8 @@ def _create_and_enqueue(caller: Caller, req: CreateJob, api: str, images: list) 
     spec = JobSpec(prompt=req.prompt, seconds=float(req.seconds), width=req.width, height=req.height,
                    seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
                    owner=caller.owner, webhook_url=req.webhook_url, api=api, task=need.task,
-                   precision=need.precision, job_id=job_id, inputs=inputs, loras=tuple(req.lora_records))
+                   precision=need.precision, job_id=job_id, inputs=inputs, loras=tuple(req.lora_records),
+                   timeout_s=req.timeout_s)
     try:  # caps and write in one step
         record = store.create_job(caller.r, spec, max_queued=caller.max_queued,
                                   max_active_per_key=caller.max_active_per_key if caller.owner else 0)

@@ -147,6 +147,15 @@ def delete(job_id: str):
     return "", 204
 
 
+@bp.get("/jobs/<job_id>/logs")
+def logs(job_id: str):
+    """The worker's log lines about this job, oldest first (worker/job_logs.py: messages only, redacted, the newest
+    500). 404 job_not_found (also for another key's job)."""
+    job_http.owned_job(job_id, JOBS)
+    lines = [json.loads(line) for line in get_redis().lrange(keys.logs(job_id), 0, -1)]
+    return jsonify({"object": "list", "job_id": job_id, "data": lines})
+
+
 @bp.route("/jobs/<job_id>/content", methods=["GET", "HEAD"])
 def content(job_id: str):
     """The MP4 (Range, ETag, If-None-Match, HEAD). 404; 409 job_not_completed; 410 artifact_expired."""

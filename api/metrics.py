@@ -241,8 +241,11 @@ class ServiceCollector:
         jobs, errors, stages, queue_wait, http, http_hist, batches = found[:7]
         queued, running = found[7:]
 
-        family = CounterMetricFamily("h3batch_jobs", "Job status changes into each status (queued: created or "
-                                                     "requeued after worker loss)", labels=["status"])
+        family = CounterMetricFamily("h3batch_jobs", "Transitions into each status, not a count of jobs: queued "
+                                                     "counts creations and requeues after worker loss, in_progress "
+                                                     "every claim (re-claims too); jobs queued or running now are "
+                                                     "h3batch_jobs_queued and h3batch_jobs_running",
+                                     labels=["status"])
         for status in sorted(set(JOB_STATUSES) | set(jobs)):
             family.add_metric([status], float(jobs.get(status, 0)))
         yield family

@@ -122,6 +122,14 @@ def _paths() -> dict[str, Any]:
                                           "content": {"text/event-stream": {"schema": {"type": "string"}}}},
                                   **_errors(400, 401, 404, 503)}},
         },
+        "/jobs/{job_id}/logs": {
+            "get": {"operationId": "getJobLogs", "summary": "The worker's log lines about this job, oldest first "
+                    "(messages only, redacted; the newest 500)", "parameters": [_JOB_ID],
+                    "responses": {"200": {"description": "`{object: list, job_id, data: [{ts, level, logger, "
+                                                         "message}]}`",
+                                          "content": {"application/json": {"schema": {"type": "object"}}}},
+                                  **_errors(401, 404, 503)}},
+        },
         "/healthz": {"get": {"operationId": "healthz", "summary": "Process alive", "security": [],
                              "responses": {"200": {"description": "Alive"}}}},
         "/readyz": {"get": {"operationId": "readyz", "summary": "Redis reachable and a worker heartbeat fresh",

@@ -98,6 +98,10 @@ class CreateJob(BaseModel):
                        "`fl2va` (from a first_frame and/or to a last_frame) or `ref2va` (with 1-9 references), the "
                        "last two on a native MiniMax-H3 release (docs/api.md \"Release kinds\"). A task no live "
                        "worker serves gets 422 no_capable_worker naming what the fleet serves.")
+    timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                    description="Seconds from creation the job may take, queue time included; past "
+                                                "them it fails with error code `timeout`. At most the operator's "
+                                                "H3BATCH_MAX_JOB_TIMEOUT_S (else 400).")
 
     @field_validator("seed", "width", "height", "seconds", mode="before")
     @classmethod
@@ -267,6 +271,7 @@ class Job(BaseModel):
     size_bytes: int | None = None
     attempt: int
     worker: str | None = None
+    timeout_s: float | None = Field(None, description="The timeout_s asked for (seconds from creation), if any.")
     cancel_reason: str | None = None
     cancelled_at_stage: str | None = None
     error: JobError | None = None
@@ -307,6 +312,7 @@ def job_view(record: dict[str, Any], queue_position: int | None) -> dict[str, An
         timings=timings, frames=record.get("frames"), size_bytes=record.get("size_bytes"),
         attempt=record.get("attempt") or 0, worker=record.get("worker"),
         cancel_reason=record.get("cancel_reason"), cancelled_at_stage=record.get("cancelled_at_stage"),
+        timeout_s=record.get("timeout_s"),
         error=record.get("error"), metadata=record.get("metadata"), webhook_url=record.get("webhook_url"),
         webhook_deliveries=record.get("webhook_deliveries"), loras=record.get("loras") or None,
         links=JobLinks(self=f"/jobs/{job_id}", content=f"/jobs/{job_id}/content", cancel=f"/jobs/{job_id}/cancel",

@@ -11,7 +11,7 @@ same way and shown from blob URLs.
 """
 from __future__ import annotations
 
-from flask import Blueprint, render_template
+from flask import Blueprint, current_app, render_template
 
 from h3batch.core import defaults, geometry
 
@@ -37,7 +37,7 @@ def index():
 @bp.get("/ui/batches")
 def batches_page():
     """Upload a JSONL file as a batch; its progress, per-item status and the archive link."""
-    return render_template("batches.html")
+    return render_template("batches.html", max_batch=current_app.config["MAX_BATCH"])  # the value, not its name
 
 
 @bp.get("/ui/sweeps")

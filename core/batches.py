@@ -175,6 +175,8 @@ def create_batch(r: redis.Redis, owner: str, items: list[Item], *, metadata: dic
             record["loras"] = list(spec.loras)
         if spec.inputs:
             record["inputs"] = spec.inputs
+        if spec.timeout_s:
+            record["timeout_s"] = spec.timeout_s
         if item.custom_id is not None:
             record["custom_id"] = item.custom_id
         pairs = [x for pair in store._encode(record).items() for x in pair]

@@ -71,8 +71,16 @@ class NoCapableWorker(JobError):
     code = "no_capable_worker"
 
 
-class GpuOutOfMemory(JobError):
-    """The render ran out of GPU memory (torch.OutOfMemoryError). Not retryable: the same request on the same
-    fleet would fail the same way; the worker freed the memory and serves the next job (worker/oom.py)."""
+class JobTimeout(JobError):
+    """The job was not finished within its own `timeout_s` of its creation (queue time included): refused at claim
+    when already past it, else stopped by the run deadline (worker/deadline.py). Not retryable."""
 
-    code = "gpu_out_of_memory"
+    code = "timeout"
+
+
+class OutOfMemory(JobError):
+    """The render ran out of host or GPU memory (worker/memory_errors.py tells which); the message names the memory,
+    the stage, the request's rows and canvas and the allocation asked for. Not retryable: the same request on the
+    same fleet would fail the same way; the worker freed the memory and serves the next job (worker/oom.py)."""
+
+    code = "out_of_memory"

@@ -65,7 +65,7 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
 
 # Field -> decoder for the hash's string values; fields not listed stay str.
 _INT_FIELDS = {"step", "total_steps", "width", "height", "seed", "seq", "attempt", "frames", "size_bytes"}
-_FLOAT_FIELDS = {"progress", "seconds", "created_at", "started_at", "finished_at", "expires_at"}
+_FLOAT_FIELDS = {"progress", "seconds", "created_at", "started_at", "finished_at", "expires_at", "timeout_s"}
 _JSON_FIELDS = {"timings", "tokens", "error", "metadata", "webhook_deliveries", "inputs", "loras"}
 _EVENT_FIELDS = ("attempt", "stage", "progress", "error", "cancel_reason", "cancelled_at_stage")
 """Fields of a transition's update copied into its event."""
@@ -89,6 +89,7 @@ class JobSpec:
     job_id: str | None = None  # chosen before the record when input images were stored under it (api/job_inputs.py)
     inputs: dict[str, Any] | None = None  # input image keys in the artifact store: first_frame, last_frame, references
     loras: tuple[dict[str, Any], ...] = ()  # core/loras.check_loras' records: ref, scale, repo+revision or path
+    timeout_s: float | None = None  # finish within this many seconds of creation, else fail `timeout`
 
 
 
@@ -205,6 +206,8 @@ def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None, max_q
         record["loras"] = list(spec.loras)
     if spec.inputs:
         record["inputs"] = spec.inputs
+    if spec.timeout_s:
+        record["timeout_s"] = spec.timeout_s
     if spec.api != "jobs":
         record["api"] = spec.api
     pairs = [item for field_value in _encode(record).items() for item in field_value]
@@ -301,6 +304,7 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
                     if record_ttl_s is not None:
                         pipe.expire(key, record_ttl_s)
                         pipe.expire(keys.events(job_id), record_ttl_s)
+                        pipe.expire(keys.logs(job_id), record_ttl_s)
                         pipe.zadd(keys.EXPIRY, {f"{job_id}:{owner}": now + record_ttl_s})
                     pipe.publish(keys.done_channel(job_id), to.value)
                 if hook:
@@ -391,6 +395,7 @@ def delete_job(r: redis.Redis, job_id: str) -> bool:
         pipe.zrem(keys.BACKLOG, job_id)
         pipe.zrem(keys.RUNNING, job_id)
         pipe.delete(keys.events(job_id))
+        pipe.delete(keys.logs(job_id))
         pipe.publish(keys.done_channel(job_id), "deleted")
         removed = pipe.execute()[0]
     return bool(removed)

@@ -1,5 +1,5 @@
 """How a JSONL file is cut into lines, one rule for the server (POST /batches uploads, api/batch_service.py) and the
-client (`h3batch submit --file`, api/client_batch.py), so both count the same lines and name the same line numbers.
+client (`h3batch submit --file`, client/cli_batch.py), so both count the same lines and name the same line numbers.
 
 A line ends at `\\n`, with one `\\r` before it taken as part of the ending (files written on Windows). Nothing else
 ends a line: U+2028, U+2029, U+0085, `\\v`, `\\f` and `\\x1c`-`\\x1e` are valid inside a JSON string, and

@@ -96,6 +96,10 @@ def events(job_id: str) -> str:
     return f"{PREFIX}:events:{job_id}"  # stream: the job's event log (SSE reads it)
 
 
+def logs(job_id: str) -> str:
+    return f"{PREFIX}:logs:{job_id}"  # list: the worker's log lines about the job (worker/job_logs.py)
+
+
 def done_channel(job_id: str) -> str:
     return f"{PREFIX}:done:{job_id}"  # pub/sub channel: the final status, for blocking waits
 

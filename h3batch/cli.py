@@ -53,7 +53,7 @@ def _api(argv: list[str]) -> int:
 
 
 def _submit(argv: list[str]) -> int:
-    from h3batch.api import client_cli
+    from h3batch.client import cli as client_cli
     return client_cli.main(argv)
 
 
@@ -87,6 +87,11 @@ def _sweep_worker(argv: list[str]) -> int:
     return sweep_worker.main(argv)
 
 
+def _speech_wav(argv: list[str]) -> int:
+    from h3batch.loadrunner import speech_wav
+    return speech_wav.main(argv)
+
+
 def _beat(argv: list[str]) -> int:
     from h3batch.loadrunner import beat
     return beat.main(argv)
@@ -109,6 +114,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("serve", "keep API + worker running locally", _serve),
     Command("duplex", "full-duplex speech load driver", _duplex),
     Command("duplex-server", "reference full-duplex speech server", _duplex_server),
+    Command("speech-wav", "write the load runner's input speech.wav (espeak-ng, else synthesized)", _speech_wav),
     Command("sweep-worker", "run a Celery worker for the `loadrunner` sweep queue (no torch)", _sweep_worker),
     Command("beat", "run the single Celery beat scheduler for sweeps", _beat),
 )
@@ -117,9 +123,20 @@ BY_NAME = {command.name: command for command in COMMANDS}
 
 def usage() -> str:
     width = max(len(command.name) for command in COMMANDS)
-    lines = ["usage: h3batch COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: h3batch COMMAND [ARGS...]   (h3batch --version: the installed version)", "", "commands:"]
     lines += [f"  {command.name:<{width}}  {command.help}" for command in COMMANDS]
     return "\n".join(lines)
+
+
+def version() -> str:
+    """The installed distribution's version (pyproject.toml's, through the package metadata)."""
+    from importlib.metadata import PackageNotFoundError  # noqa: PLC0415
+    from importlib.metadata import version as dist_version  # noqa: PLC0415
+
+    try:
+        return dist_version("h3batch")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(f"h3batch {version()}")
+        return 0
     name, rest = argv[0], argv[1:]
     command = BY_NAME.get(name)
     if command is None:

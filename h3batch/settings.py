@@ -239,6 +239,9 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "`hf://org/name@revision` (fetched into the Hugging Face cache; see docs/model.md)"),
     ("H3BATCH_MAX_RUN_S", "max_run_s", "600", _positive_int, "service",
      "longest render: a job claimed longer ago fails `run_deadline`; visibility timeout is twice this"),
+    ("H3BATCH_MAX_JOB_TIMEOUT_S", "max_job_timeout_s", "3600", _positive_int, "service",
+     "largest `timeout_s` a job may ask for (seconds from its creation to its end; a job past it fails `timeout`); "
+     "a larger one is 400 `invalid_request`"),
     ("H3BATCH_RESULT_TTL_S", "result_ttl_s", "86400", _positive_int, "service",
      "seconds a finished MP4 stays downloadable"),
     ("H3BATCH_MAX_QUEUED", "max_queued", "4000", _positive_int, "service",
@@ -348,7 +351,7 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
      "\"Capacity\"): advertised in its heartbeat, larger requests get 422 `exceeds_worker_capacity`"),
     ("H3BATCH_DEBUG_OOM_AT", "debug_oom_at", "(unset: off)", _oom_at, "worker",
      "test knob: `<stage>` or `<stage>:<min rows>`: raise torch's CUDA out-of-memory error at that stage of "
-     "every job of at least that many rows (the job fails `gpu_out_of_memory`; worker/oom.py)"),
+     "every job of at least that many rows (the job fails `out_of_memory`; worker/oom.py)"),
     # webhooks (API vets URLs, workers deliver)
     ("H3BATCH_WEBHOOK_SECRET", "webhook_secret", "(unset: webhooks off)", _webhook_secret, "webhooks",
      "signing secret for webhook deliveries: `whsec_` + base64 of a 24..64-byte key (checked at start), or plain "
@@ -416,6 +419,7 @@ class Settings:
     artifact_redirect: bool = False
     release_dir: str = "var/tiny-release"  # a directory or a Hub reference (HUB_RELEASE_RE)
     max_run_s: int = 600
+    max_job_timeout_s: int = 3600
     result_ttl_s: int = 86_400
     max_queued: int = 4000
     max_active_per_key: int = 1000

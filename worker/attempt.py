@@ -20,8 +20,8 @@ from h3batch.core import defaults, jobs, keys, lease
 from h3batch.core.artifact_store import ArtifactStore, StoreUnavailable, open_store, sha256_file
 from h3batch.core.exceptions import (
     ExceedsWorkerCapacity,
-    GpuOutOfMemory,
     InvalidRequest,
+    JobTimeout,
     JobError,
     LoraBaseMismatch,
     LoraUnavailable,
@@ -72,6 +72,12 @@ class Attempt:
         return self.record["attempt"]
 
     @property
+    def timeout_at(self) -> float | None:
+        """Wall-clock time by which the job must be finished (created_at + its timeout_s), None without one."""
+        timeout_s = self.record.get("timeout_s")
+        return self.record["created_at"] + timeout_s if timeout_s else None
+
+    @property
     def log_extra(self) -> dict[str, str]:
         return {"job_id": self.job_id}
 
@@ -96,7 +102,7 @@ class Attempt:
         att = cls(res=res, job_id=job_id, record=record, holder=holder, job_dir=settings.artifacts_dir / job_id)
         lease.count(r, job_id, "started")
         res.heartbeat.set_busy(job_id, holder)
-        res.deadline.begin(job_id, holder, att.number)
+        res.deadline.begin(job_id, holder, att.number, timeout_at=att.timeout_at)
         if lease.remove_stale_attempts(att.job_dir, att.number):
             log.info("removed partial files of an earlier attempt", extra=att.log_extra)
         if att.store.kind != "local":
@@ -134,13 +140,17 @@ class Attempt:
     def render(self) -> Any:
         """Check the job against this worker, render it into the attempt's file; returns the `RenderResult`.
 
-        Raises ReleaseMismatch / NoCapableWorker / InvalidRequest / ExceedsWorkerCapacity (refusals), RenderCancelled
+        Raises JobTimeout / ReleaseMismatch / NoCapableWorker / InvalidRequest / ExceedsWorkerCapacity (refusals),
+        RenderCancelled
         or LeaseLost
         (stopped), or what the pipeline raised (torch.OutOfMemoryError among it).
         """
         from h3batch.worker.pipeline import RenderRequest  # noqa: PLC0415  (torch)
 
         record, pipeline, settings = self.record, self.res.pipeline, self.res.settings
+        if self.timeout_at is not None and time.time() >= self.timeout_at:  # waited in the queue past its timeout
+            raise JobTimeout(f"the job was not finished within its timeout_s ({record['timeout_s']:g} s from "
+                             f"creation): it waited {time.time() - record['created_at']:.1f} s before a worker took it")
         wanted = record.get("release")
         if wanted and wanted != pipeline.release_id:
             raise ReleaseMismatch(f"release: this worker serves {pipeline.release_id!r}, the job asks for "
@@ -277,15 +287,17 @@ class Attempt:
                                                  "retryable": exc.retryable, "stage": self.stage}})
         log.info("render refused code=%s message=%s", exc.code, exc.message, extra=self.log_extra)
 
-    def finish_out_of_memory(self, exc: Exception) -> None:
-        """torch.OutOfMemoryError mid-render: the job fails `gpu_out_of_memory` (not retryable: the same request
-        would run out again), the memory the render held is freed, and the worker takes the next job."""
-        from h3batch.worker import oom  # noqa: PLC0415  (torch)
+    def finish_out_of_memory(self, exc: Exception, kind) -> None:
+        """Host or GPU memory ran out mid-render (worker/memory_errors.py): the job fails `out_of_memory` (not
+        retryable: the same request would run out again) naming the memory, stage and size asked, the memory the
+        render held is freed, and the worker takes the next job."""
+        from h3batch.worker import memory_errors, oom  # noqa: PLC0415  (torch)
 
-        error = GpuOutOfMemory(f"the GPU ran out of memory at stage {self.stage} rendering {self.rows} rows (this "
-                               f"worker advertises max_rows {self.res.max_rows}); a smaller canvas or a shorter clip "
-                               f"needs fewer rows")
-        log.error("render out of GPU memory stage=%s rows=%d max_rows=%d error=%s", self.stage, self.rows,
+        request = self.record
+        canvas = f"{request.get('width')}x{request.get('height')}, {float(request.get('seconds') or 0):g} s"
+        error = memory_errors.out_of_memory(exc, kind, stage=self.stage, rows=self.rows, canvas=canvas,
+                                            max_rows=self.res.max_rows)
+        log.error("render out of %s memory stage=%s rows=%d max_rows=%d error=%s", kind.value, self.stage, self.rows,
                   self.res.max_rows, str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__,
                   extra=self.log_extra)
         self.finish(JobStatus.FAILED, {"error": {"code": error.code, "message": error.message,

@@ -1,4 +1,5 @@
-"""Run deadline: a render that runs too long, or stops making progress, fails `run_deadline` and frees its worker.
+"""Run deadline: a render that runs too long, or stops making progress, fails `run_deadline` and frees its worker;
+one past its own `timeout_s` (counted from the job's creation) fails `timeout` the same way.
 
 Failure handled: a hung render (a wedged device, a deadlock in a library, a stage that never returns). Without
 this the heartbeat thread renews the job's lease for ever, the watchdog leaves a BUSY worker alone, and /readyz stays
@@ -58,6 +59,7 @@ class _Held:
     attempt: int
     claimed: float
     last_progress: float
+    timeout_at: float | None = None  # wall clock (time.time()): the job's own created_at + timeout_s
     fired_at: float | None = None
 
 
@@ -75,10 +77,10 @@ class RunDeadline(threading.Thread):
         self._lock = threading.Lock()
         self._stop_event = threading.Event()
 
-    def begin(self, job_id: str, holder: str, attempt: int) -> None:
+    def begin(self, job_id: str, holder: str, attempt: int, timeout_at: float | None = None) -> None:
         now = time.monotonic()
         with self._lock:
-            self._held = _Held(job_id, holder, attempt, claimed=now, last_progress=now)
+            self._held = _Held(job_id, holder, attempt, claimed=now, last_progress=now, timeout_at=timeout_at)
 
     def progressed(self) -> None:
         with self._lock:
@@ -125,22 +127,25 @@ class RunDeadline(threading.Thread):
             return "unstoppable"
         return "fired" if self._fire(held, reason, now) else None
 
-    def _reason(self, held: _Held, now: float) -> tuple[str, bool] | None:
-        """(message, retryable) when a limit is passed."""
+    def _reason(self, held: _Held, now: float) -> tuple[str, bool, str] | None:
+        """(message, retryable, error code) when a limit is passed: the job's own timeout_s first (`timeout`),
+        then the operator's run and stall limits (`run_deadline`)."""
         max_run, stall = self.config.max_run_s, self.config.stall_s
+        if held.timeout_at is not None and time.time() >= held.timeout_at:
+            return "the job was not finished within its timeout_s (counted from its creation)", False, "timeout"
         if max_run and now - held.claimed > max_run:
-            return f"the render ran longer than H3BATCH_MAX_RUN_S ({max_run:g} s)", False
+            return f"the render ran longer than H3BATCH_MAX_RUN_S ({max_run:g} s)", False, "run_deadline"
         if stall and now - held.last_progress > stall:
-            return f"the render made no progress for H3BATCH_RENDER_STALL_S ({stall:g} s)", True
+            return f"the render made no progress for H3BATCH_RENDER_STALL_S ({stall:g} s)", True, "run_deadline"
         return None
 
-    def _fire(self, held: _Held, reason: tuple[str, bool], now: float) -> bool:
-        message, retryable = reason
+    def _fire(self, held: _Held, reason: tuple[str, bool, str], now: float) -> bool:
+        message, retryable, code = reason
         self.on_fire(held.job_id)
         stage = self.r.hget(keys.job(held.job_id), "stage")
         failed = jobs.transition(self.r, held.job_id, JobStatus.FAILED, expect={JobStatus.IN_PROGRESS},
                                  expect_attempt=held.attempt, record_ttl_s=self.record_ttl_s,
-                                 fields={"error": {"code": "run_deadline", "message": message,
+                                 fields={"error": {"code": code, "message": message,
                                                    "retryable": retryable, "stage": stage}})
         jobs.drop_lease(self.r, held.job_id, held.holder)
         with self._lock:

@@ -1,77 +1,54 @@
 """`h3batch demo` (`make demo`): one job through the real service, end to end, on the tiny release.
 
 Starts the local stack (worker/serve.py `LocalStack`: tiny release under ./var, Redis, worker, API), POSTs a job
-over HTTP, shows its progress (stage, step, bar), downloads ./out/demo.mp4, prints the job JSON, and stops
-everything it started, also on Ctrl-C or an error. Uses only the stdlib HTTP client, like any outside client would.
+over HTTP, shows its progress (the same tqdm bar as `h3batch submit`, client/progress.py), downloads
+./out/demo.mp4, prints the job JSON, and stops everything it started, also on Ctrl-C or an error. It talks to the API
+through `h3batch.client`, as a Python user would (the demo is the one worker-room module that is an API client).
 """
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from h3batch.cli_args import OneLineArgumentParser
+from h3batch.client import APIError, Client, H3BatchError
+from h3batch.client.progress import JobBar
 from h3batch.core.exceptions import ConfigError
 from h3batch.worker.serve import LocalStack, _sigterm_as_interrupt
 
 DEMO_PROMPT = "A red fox trots across fresh snow at dawn; wind hisses and a distant crow calls."
-BAR_WIDTH = 30
-
-
-def _call(method: str, url: str, body: dict | None = None, timeout: float = 30.0) -> dict:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as reply:
-            return json.loads(reply.read())
-    except urllib.error.HTTPError as exc:
-        detail = json.loads(exc.read() or b"{}").get("error", {})
-        raise ConfigError(f"{method} {url} answered {exc.code} {detail.get('code')}: {detail.get('message')}") \
-            from None
-
-
-def _progress_line(job: dict) -> str:
-    filled = int(round(job["progress"] * BAR_WIDTH))
-    bar = "#" * filled + "." * (BAR_WIDTH - filled)
-    where = f"queue #{job['queue_position']}" if job["status"] == "queued" else job["stage"]
-    if job["stage"] == "denoise":
-        where += f" {job['step']}/{job['total_steps']}"
-    return f"\r[{bar}] {job['progress'] * 100:5.1f}%  {job['status']:<11} {where:<16}"
-
-
-def _download(url: str, dest: Path) -> int:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_suffix(dest.suffix + ".partial")
-    with urllib.request.urlopen(url, timeout=60) as reply, partial.open("wb") as f:
-        while chunk := reply.read(1 << 16):
-            f.write(chunk)
-    os.replace(partial, dest)
-    return dest.stat().st_size
 
 
 def run_demo(stack: LocalStack, out_path: Path, *, seconds: float, width: int, height: int, seed: int) -> dict:
-    """POST one job, display its progress until it finishes, download the MP4; returns the final job JSON."""
-    job = _call("POST", f"{stack.base_url}/jobs",
-                {"prompt": DEMO_PROMPT, "seconds": seconds, "width": width, "height": height, "seed": seed})
-    print(f"job {job['id']} queued ({width}x{height}, {seconds} s, seed {seed})", flush=True)
-    started = time.monotonic()
-    while job["status"] in ("queued", "in_progress"):
-        print(_progress_line(job), end="", flush=True)
-        time.sleep(0.1)
-        stack.check_children()
-        job = _call("GET", f"{stack.base_url}/jobs/{job['id']}")
-    print(_progress_line(job), flush=True)
-    if job["status"] != "completed":
-        error = job.get("error") or {}
-        raise ConfigError(f"job {job['id']} ended {job['status']}: {error.get('code')}: {error.get('message')}")
-    size = _download(stack.base_url + job["links"]["content"], out_path)
+    """POST one job, show its progress until it finishes, download the MP4; returns the final job JSON. Polls every
+    0.1 s rather than following the event stream, so a worker that dies mid-job is seen at once (check_children)."""
+    with Client(stack.base_url, api_key="") as client:
+        try:
+            job = client.create(DEMO_PROMPT, seconds=seconds, width=width, height=height, seed=seed)
+            print(f"job {job.id} queued ({width}x{height}, {seconds} s, seed {seed})", flush=True)
+            started = time.monotonic()
+            bar = JobBar(True, job.id, file=sys.stdout)
+            while not job.finished:
+                bar.show(job.progress, job.stage, job.step, queue_position=job.queue_position)
+                time.sleep(0.1)
+                stack.check_children()
+                job = client.get(job)
+            bar.show(job.progress, job.stage, job.step)
+            bar.close()
+            if job.status.value != "completed":
+                error = job.error
+                raise ConfigError(f"job {job.id} ended {job.status.value}: {error.code if error else None}: "
+                                  f"{error.message if error else None}")
+            size = client.download(job, out_path)
+        except APIError as exc:
+            raise ConfigError(f"the API answered {exc.status} {exc.code}: {exc.message}") from None
+        except H3BatchError as exc:
+            raise ConfigError(str(exc)) from None
     print(f"downloaded {out_path} ({size} bytes) in {time.monotonic() - started:.1f} s", flush=True)
-    return job
+    return job.model_dump(mode="json")
 
 
 def main(argv: list[str]) -> int:

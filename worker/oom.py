@@ -3,13 +3,13 @@
 Failure handled: a request that does not fit the GPU after all (the advertised `max_rows` is a plan, and
 fragmentation or another process on the GPU can take memory). torch raises `torch.OutOfMemoryError` (the same class
 as `torch.cuda.OutOfMemoryError`) from some allocation deep in the DiT, a VAE or the text encoder. `worker/tasks.py`
-catches it around the render; `worker/attempt.py` fails that job with `gpu_out_of_memory` (retryable false) through
+catches it around the render; `worker/attempt.py` fails that job with `out_of_memory` (retryable false) through
 the one transition, then `release_memory` drops what the exception still holds (its traceback pins every frame of
 the render, and with them the latents, activations and decoded frames), collects, and gives the cached blocks back
 to the driver, so the next job starts from the worker's resident footprint rather than OOMing again.
 
 `H3BATCH_DEBUG_OOM_AT=<stage>[:<min rows>]` raises that real exception class from inside the pipeline (its progress
-report at entry to `stage`, or after the first DiT step for `denoise`, with the stage's tensors alive) for every
+report at entry to `stage`, step 0 for `denoise`, with the stage's tensors alive) for every
 job of at least `min rows` capacity rows: the CPU test of this path (tests/system/test_capacity.py).
 """
 from __future__ import annotations

@@ -58,7 +58,7 @@ if TYPE_CHECKING:  # transformers is imported by `load` only: rank-group ranks o
 log = logging.getLogger("h3batch.pipeline")
 
 STAGES = ("text_encode", "denoise", "decode", "mux")
-"""Render stages in order; `denoise` reports steps 1..8."""
+"""Render stages in order; `denoise` reports step 0 on entry, then steps 1..8 as each forward ends."""
 WARM_UP_DIT_BLOCKS = 1
 """DiT blocks the warm-up step runs: the 50 blocks have one shape, so the first compiles and loads every kernel the
 others use (FlexAttention / VSA, the fused ops, the fp8 quantizer); the other 49 would only add ~3 s of arithmetic
@@ -68,7 +68,8 @@ WARM_UP_DECODE_CHUNKS = 2
 same tiles), so the first two (the first, and one after a cross-fade) compile what the rest would only repeat."""
 
 ProgressFn = Callable[[str, int, int], None]
-"""on_progress(stage, step, total): step/total count denoise forwards; other stages report (0, 0) on entry."""
+"""on_progress(stage, step, total): step/total count denoise forwards (0 on entry); other stages report (0, 0) on
+entry."""
 
 
 @dataclass(frozen=True)
@@ -532,6 +533,9 @@ class Pipeline:
         video = packing.patchify_video(video_noise).to(self.device)  # [1, Nv, 96] generated rows
         held = torch.cat(conditions, dim=1).to(self.device) if conditions else None  # [1, C, 96] keyframe rows
         audio = audio.unsqueeze(0).to(self.device)  # [1, 2A, 32]
+        # The stage is reported before its first forward (step 0 of total), so a failure inside step 1 is recorded
+        # as stage denoise, not as the text_encode before it (issue 30).
+        progress("denoise", 0, total)
         c = layout.condition_rows
         for k in range(run_steps):
             boundary()

@@ -21,13 +21,14 @@ from h3batch.core.geometry import ASPECT_RATIOS
 from h3batch.settings import Settings, env_value
 
 DEFAULT_RELEASE = str(env_value("H3BATCH_RELEASE") or Settings().release_dir)
+"""--release when left out: $H3BATCH_RELEASE, else the settings' path `var/tiny-release` (relative to the cwd)."""
 
 
 def _parser() -> argparse.ArgumentParser:
     p = OneLineArgumentParser(prog="h3batch render", description=__doc__.splitlines()[0])
-    p.add_argument("--release", default=DEFAULT_RELEASE,
+    p.add_argument("--release", default=None,
                    help="release directory, or Hub repo org/name[@revision] / hf://org/name@revision "
-                        "(default: %(default)s)")
+                        f"(default: {DEFAULT_RELEASE})")
     p.add_argument("--prompt", required=True, help="text prompt, used verbatim")
     p.add_argument("--seconds", type=float, default=None,
                    help="duration, 4-15 s (5-15 s on the native release; default: the shortest the release renders)")
@@ -104,13 +105,19 @@ def resolve_hf_cache(release: Path | None, explicit: str | None) -> str | None:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    from h3batch.worker.h3.release_ref import ReleaseRefError, parse_release_ref
+    from h3batch.worker.h3.release_ref import ReleaseRef, ReleaseRefError, parse_release_ref
     try:
-        ref = parse_release_ref(args.release)
+        if args.release is None and not env_value("H3BATCH_RELEASE"):
+            # The built-in default is a path (`var/tiny-release`), which also reads as a Hub id `org/name`: outside
+            # the checkout it must be reported missing, never looked up on the Hub (issue 30).
+            ref = ReleaseRef(DEFAULT_RELEASE, directory=Path(DEFAULT_RELEASE))
+        else:
+            ref = parse_release_ref(args.release or DEFAULT_RELEASE)
     except ReleaseRefError as err:
         return _fail(str(err))
     if not ref.is_hub and not ref.directory.is_dir():
-        return _fail(f"release directory {str(ref.directory)!r} does not exist "
+        default = " (the default; pass --release DIR or org/name@revision)" if args.release is None else ""
+        return _fail(f"release directory {str(ref.directory)!r} does not exist in {os.getcwd()}{default} "
                      f"(build one: h3batch build-tiny --out DIR)")
     if not args.prompt.strip():
         return _fail("--prompt: expected a non-empty prompt")
@@ -150,7 +157,7 @@ def main(argv: list[str]) -> int:
 
     started = time.perf_counter()
     try:
-        pipe = load_pipeline(args.release, ranks=ranks, device=args.device,
+        pipe = load_pipeline(args.release or DEFAULT_RELEASE, ranks=ranks, device=args.device,
                              hf_cache=resolve_hf_cache(ref.directory, args.hf_cache),
                              require_pinned_base=bool(env_value("H3BATCH_REQUIRE_PINNED_BASE")),
                              text_placement=args.text_placement or env_value("H3BATCH_TEXT_ENCODER_PLACEMENT")

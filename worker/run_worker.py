@@ -14,6 +14,7 @@ import signal
 import sys
 
 from h3batch.cli_args import OneLineArgumentParser
+from h3batch.core import defaults
 from h3batch.core.exceptions import ConfigError
 from h3batch.core.startup_checks import check_startup
 from h3batch.logs import configure_logging
@@ -73,6 +74,9 @@ def main(argv: list[str]) -> int:
         worker_ready.connect(lambda **_: mark_ready(), weak=False)
         celery = make_celery(settings.redis_url, max_run_s=settings.max_run_s, include_tasks=True)
         resident = load_resident(settings)  # already loaded above: the same object
+        from h3batch.worker import job_logs  # noqa: PLC0415
+
+        job_logs.install(resident.r, settings.result_ttl_s + defaults.RECORD_GRACE_S)  # GET /jobs/{id}/logs
         named = resident.capability.queues() if args.queues is None else args.queues.split(",")
         queues = ",".join(q.strip() for q in named if q.strip())
         watchdog.start(resident.r, settings.worker_name, queues.split(","), lambda: resident.heartbeat.state,

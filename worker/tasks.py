@@ -29,7 +29,7 @@ def render(job_id: str) -> None:
 
 def run_job(res: Resident, job_id: str) -> None:
     """Claim, render, publish, finish. Every outcome ends in one `transition`; a lost race leaves no files behind."""
-    from h3batch.worker.oom import OutOfMemoryError  # noqa: PLC0415  (torch)
+    from h3batch.worker.memory_errors import memory_kind  # noqa: PLC0415  (torch)
     from h3batch.worker.pipeline import RenderCancelled  # noqa: PLC0415  (torch)
     from h3batch.worker.rank_group import RankGroupError  # noqa: PLC0415
 
@@ -50,11 +50,12 @@ def run_job(res: Resident, job_id: str) -> None:
         attempt.exit_for_restart(exc)
     except (redis.exceptions.ConnectionError, StoreUnavailable) as exc:
         attempt.leave_to_reaper(exc)
-    except OutOfMemoryError as exc:  # the job fails gpu_out_of_memory; the worker frees the memory and goes on
-        attempt.finish_out_of_memory(exc)
     except Exception as exc:  # unexpected: the traceback goes to the log and a private record field, never the API
         fault = disk.disk_fault(exc)
-        if fault is not None:  # ENOSPC/EDQUOT: the job goes back to the queue, the worker stops taking jobs
+        kind = memory_kind(exc)
+        if kind is not None:  # host or GPU memory ran out: the job fails out_of_memory, the worker goes on
+            attempt.finish_out_of_memory(exc, kind)
+        elif fault is not None:  # ENOSPC/EDQUOT: the job goes back to the queue, the worker stops taking jobs
             attempt.requeue_for_disk(fault)
             out_of_disk = True
         else:

@@ -105,10 +105,11 @@ const H3 = (() => {
     const div = document.createElement("article");
     div.className = "clip";
     div.dataset.jobId = job.id;
+    // The gallery shows thumbnails; a clip's MP4 is fetched (as a blob: it needs the key) only when it is played.
     const video = document.createElement("video");
-    video.controls = true;
-    video.preload = "auto";
+    video.preload = "none";
     video.playsInline = true;
+    video.title = "play";
     div.appendChild(video);
     const meta = job.metadata || {};
     const info = document.createElement("div");
@@ -122,11 +123,33 @@ const H3 = (() => {
     facts.textContent = job.width + "×" + job.height + " · " + job.seconds + " s · seed " + job.seed +
       " · " + fmtSeconds(job.inference_time_s) + (meta.gpu ? " · " + meta.gpu : "");
     info.appendChild(facts);
+    const download = document.createElement("a");  // the MP4 needs the key: a blob URL once it is fetched
+    download.className = "download";
+    download.textContent = "download";
+    download.download = job.id + ".mp4";
+    download.hidden = true;
+    const play = document.createElement("button");
+    play.type = "button";
+    play.className = "link play";
+    play.textContent = "▶ play";
+    info.append(play, download);
     div.appendChild(info);
     blobUrl("/v1/videos/" + encodeURIComponent(job.id) + "/content?variant=thumbnail")
-      .then((url) => { video.poster = url; }).catch(() => { /* the video itself still loads */ });
-    blobUrl(job.links.content).then((url) => { video.src = url; })
-      .catch((e) => { facts.textContent += " · video unavailable (" + e.message + ")"; });
+      .then((url) => { video.poster = url; }).catch(() => { /* the play button still works */ });
+    let loading = null;
+    const load = () => {
+      loading = loading || blobUrl(job.links.content).then((url) => {
+        video.src = url;
+        video.controls = true;
+        download.href = url;
+        download.hidden = false;
+        play.hidden = true;
+        return video.play().catch(() => { /* autoplay refused: the controls are there */ });
+      }).catch((e) => { loading = null; facts.textContent += " · video unavailable (" + e.message + ")"; });
+      return loading;
+    };
+    play.addEventListener("click", load);
+    video.addEventListener("click", () => { if (!video.src) load(); });
     return div;
   }
 
@@ -175,24 +198,50 @@ const H3 = (() => {
     $("current-id").textContent = job.id;
     const video = $("current-video");
     video.hidden = true;
+    const cancel = $("current-cancel"), download = $("current-download");
+    download.hidden = true;
+    cancel.hidden = false;
+    cancel.disabled = false;
+    cancel.onclick = async () => {  // queued: cancelled at once; running: stops at the next denoise step
+      cancel.disabled = true;
+      const response = await api("/jobs/" + encodeURIComponent(job.id) + "/cancel", {method: "POST"});
+      if (!response.ok && response.status !== 409) say(await errorText(response), true);
+    };
     const show = (status, stage, progress, step) => {
       $("current-status").textContent = status;
       $("current-status").className = "badge " + status;
       if (progress != null) $("progress").value = Math.round(progress * 100);
-      $("current-stage").textContent = stage ? "stage " + stage + (step ? " · step " + step + "/8" : "") : "";
+      $("current-stage").textContent = status === "queued" ? queuedText :
+        stage ? "stage " + stage + (step ? " · step " + step + "/8" : "") : "";
     };
+    // While queued the event stream is quiet: the place in line comes from a look at the job every 1.5 s.
+    const placeText = (j) => "queued" + (j.queue_position ? " · position " + j.queue_position + " in line" : "");
+    let queuedText = placeText(job);
+    const lookAtQueue = setInterval(async () => {
+      const response = await api("/jobs/" + encodeURIComponent(job.id));
+      if (!response.ok) return;
+      const now = await json(response);
+      if (now.status !== "queued") { clearInterval(lookAtQueue); return; }
+      queuedText = placeText(now);
+      if ($("current-status").textContent === "queued") $("current-stage").textContent = queuedText;
+    }, 1500);
     show(job.status, job.stage, job.progress);
     let status = job.status;
     const final = await followEvents(job.id, (name, data) => {
       if (data.status) status = data.status;
       show(TERMINAL.has(name) ? name : status, data.stage, data.progress, data.step);
     });
+    clearInterval(lookAtQueue);
     const done = await json(await api("/jobs/" + job.id));
+    cancel.hidden = true;
     show(done.status, null, done.progress);
     $("current-stage").textContent = done.width + "×" + done.height + " · " + done.seconds + " s · seed " + done.seed;
     if (final === "completed") {
       video.src = await blobUrl(done.links.content);
       video.hidden = false;
+      download.href = video.src;
+      download.download = done.id + ".mp4";
+      download.hidden = false;
       say("Done in " + fmtSeconds(done.inference_time_s) + ".");
       loadGallery();
     } else {
@@ -238,6 +287,13 @@ const H3 = (() => {
     });
   }
 
+  async function openJob(id) {
+    // `/#job_…` (a batch item's link): follow that job here as if it had just been submitted.
+    const response = await api("/jobs/" + encodeURIComponent(id));
+    if (!response.ok) { if (response.status !== 401) say(await errorText(response), true); return; }
+    await watch(await json(response));
+  }
+
   function initGenerate() {
     initKey();
     initKeyframe("first-frame", "first-frame-preview");
@@ -245,6 +301,11 @@ const H3 = (() => {
     $("submit-form").addEventListener("submit", submit);
     $("refresh").addEventListener("click", loadGallery);
     loadGallery();
+    const opened = () => {
+      if (location.hash.startsWith("#job_")) openJob(decodeURIComponent(location.hash.slice(1)));
+    };
+    window.addEventListener("hashchange", opened);
+    opened();
   }
 
   async function loadSweeps() {
@@ -369,6 +430,13 @@ const H3 = (() => {
         const cell = document.createElement("td");
         cell.textContent = text;
         row.appendChild(cell);
+      }
+      if (r.job_id && !r.error) {  // the item's job opens on the generate page (progress, player, download)
+        const link = document.createElement("a");
+        link.href = "/#" + encodeURIComponent(r.job_id);
+        link.className = "job-link";
+        link.textContent = r.job_id;
+        row.lastChild.replaceChildren(link);
       }
       return row;
     }));

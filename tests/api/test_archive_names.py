@@ -1,4 +1,4 @@
-"""api/archive_names.py: every batch item gets its own archive member, whatever the custom_ids (a Hypothesis
+"""core/archive_names.py: every batch item gets its own archive member, whatever the custom_ids (a Hypothesis
 property over random custom_id sets); against the live stack the issue's three items (custom_id "0002-2", "0002" and
 none) come back as three members named in the manifest's `file` column, and `h3batch submit --file` saves all three;
 the CLI reports a completed item whose file an archive did not deliver (a zip holding one name twice, as the old rule
@@ -15,8 +15,8 @@ import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from h3batch.api import client_batch
-from h3batch.api.archive_names import member_names
+from h3batch.client import cli_batch as client_batch
+from h3batch.core.archive_names import member_names
 from h3batch.api.batch_service import CUSTOM_ID
 from tests.api.conftest import auth
 from tests.api.test_client_batch import CANVAS, prompts_file, run_cli

@@ -13,7 +13,7 @@ import time
 
 import requests
 
-from h3batch.api import client_batch
+from h3batch.client import cli_batch as client_batch
 from h3batch.worker.h3.mp4 import probe_mp4
 from tests.api.conftest import KEY_A, KEY_B, auth
 from tests.service_stack import REPO

@@ -10,8 +10,8 @@ import zipfile
 
 import pytest
 
-from h3batch.api import client_batch
-from h3batch.api.client_http import CliError
+from h3batch.client import cli_batch as client_batch
+from h3batch.client.cli_common import CliError
 from tests.service_stack import REPO
 
 CLI = [sys.executable, "-P", "-m", "h3batch.cli", "submit"]
@@ -152,7 +152,7 @@ def test_failure_lines_and_server_line_numbers(tmp_path):
 
 
 def test_refused_line_text_names_the_field_once():
-    from h3batch.api.client_http import detail_text
+    from h3batch.client.cli_common import detail_text
 
     assert detail_text({"line": 3, "field": "width", "message": "width: expected a multiple of 32"}) == \
         "width: expected a multiple of 32"

@@ -39,7 +39,7 @@ def test_events_arrive_live_and_end_after_terminal(stack):
     assert [e["data"].get("stage") for e in seen if e["event"] == "status"][-1] == "text_encode"
     assert stages == ["denoise", "decode", "mux", "finalize"], stages
     steps = [e["data"]["step"] for e in seen if e["event"] == "progress" and e["data"]["stage"] == "denoise"]
-    assert steps == list(range(1, 9))
+    assert steps == list(range(0, 9))  # step 0: the stage begins, before its first forward
     progress = [e["data"]["progress"] for e in seen if e["event"] == "progress"]
     assert progress == sorted(progress) and 0 < progress[0] and progress[-1] < 1
     ids = [tuple(map(int, e["id"].split("-"))) for e in seen]

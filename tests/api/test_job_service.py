@@ -173,3 +173,16 @@ def test_a_request_over_the_fleets_capacity_is_422_and_writes_nothing(r, tmp_pat
     small, _ = job_service.create_job(caller, CreateJob(prompt="rain", width=256, height=128, seconds=4), VIDEOS,
                                       "key-1", "fp2")
     assert small["status"] == "queued" and r.zcard(keys.QUEUE) == 2
+
+
+def test_unknown_field_message_lists_every_accepted_field():
+    """An unknown /jobs field is 400 unsupported_parameter naming it and listing every field the model accepts,
+    aspect_ratio among them (the list is read from CreateJob, so a new field can never be left out)."""
+    from h3batch.api.job_service import FieldError, validate_create
+    from h3batch.api.schemas import CreateJob
+
+    with pytest.raises(FieldError) as refused:
+        validate_create({"prompt": "rain", "bogus": 1}, max_prompt_chars=100, canvas=None)
+    assert refused.value.code == "unsupported_parameter" and refused.value.field == "bogus"
+    listed = refused.value.message.split("(accepted: ", 1)[1].rstrip(")").split(", ")
+    assert listed == list(CreateJob.model_fields) and "aspect_ratio" in listed

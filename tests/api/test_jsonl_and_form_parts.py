@@ -14,7 +14,7 @@ import sys
 
 import requests
 
-from h3batch.api import client_batch
+from h3batch.client import cli_batch as client_batch
 from tests.api.conftest import KEY_A, auth, key_id
 from tests.service_stack import REPO
 

@@ -51,7 +51,8 @@ def _shot(driver, tmp_path: Path, name: str) -> Path:
 
 def test_submit_progress_video_and_gallery(stack, browser, tmp_path):
     """The page asks for the key after a 401, submits a job, shows progress to 100 % and plays the MP4
-    (readyState ≥ 1, duration > 0); the gallery then lists playable clips."""
+    (readyState ≥ 1, duration > 0); the gallery then lists clips by their thumbnails, each fetching its MP4 only
+    when played."""
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -91,7 +92,11 @@ def test_submit_progress_video_and_gallery(stack, browser, tmp_path):
         _shot(browser, tmp_path, "web-submit.png")
 
     clips = "return [...document.querySelectorAll('#gallery video')].map(v => [v.readyState, v.duration]);"
-    wait.until(lambda d: d.execute_script(clips) and all(s >= 1 for s, _ in d.execute_script(clips)))
+    wait.until(lambda d: d.execute_script(clips))
+    # Thumbnails only until a clip is played: no gallery video has fetched its MP4 yet.
+    assert browser.execute_script("return [...document.querySelectorAll('#gallery video')].every(v => !v.src)")
+    browser.execute_script("document.querySelectorAll('#gallery button.play').forEach(b => b.click())")
+    wait.until(lambda d: all(s >= 1 for s, _ in d.execute_script(clips)))
     states = browser.execute_script(clips)
     assert len(states) >= 1 and all(duration > 0 for _, duration in states)
     posters = "return [...document.querySelectorAll('#gallery video')].map(v => v.poster.startsWith('blob:'));"
@@ -127,7 +132,7 @@ def test_sweeps_page_lists_sweeps(compat_api, browser):
 def test_batch_upload_progress_items_and_archive(stack, browser, tmp_path):
     """/ui/batches: a bad JSONL file is answered with the server's per-line errors; a good one (2 items) is uploaded
     as multipart, its progress bar and item rows follow the batch to completed, and the archive link (fetched with
-    the stored key into a blob: URL) yields a zip holding both clips."""
+    the stored key into a blob: URL) yields a zip holding both clips; an item's link opens its job, playable."""
     import json
 
     from selenium.webdriver.common.by import By
@@ -185,6 +190,74 @@ def test_batch_upload_progress_items_and_archive(stack, browser, tmp_path):
         " String.fromCharCode(...new Uint8Array(b.slice(0, 2)))]));", href)
     assert head == "PK" and size > 2 * 5_000
     _shot(browser, tmp_path, "web-batch.png")
+
+    # Each item opens its job on the generate page: status, the player and the download link.
+    item = browser.find_element(By.CSS_SELECTOR, "#item-0 a.job-link")
+    job_id = item.text
+    item.click()
+    wait.until(lambda d: d.find_element(By.ID, "current-id").text == job_id
+               and d.find_element(By.ID, "current-status").text == "completed"
+               and d.find_element(By.ID, "current-download").is_displayed())
+    ready = "return document.getElementById('current-video').readyState;"
+    wait.until(lambda d: d.execute_script(ready) >= 1)
+
+
+def test_cancel_and_download_buttons(stack, browser):
+    """A job queued behind three renders shows its place in line and a cancel button that cancels it (badge
+    `cancelled`, button gone);
+    a job that completes offers its MP4 as a download (a blob of the video, named after the job), and so does each
+    gallery clip."""
+    import requests
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 120, poll_frequency=0.05)
+    browser.get(stack.base + "/")
+    browser.execute_script("localStorage.setItem('h3batch.apiKey', arguments[0])", KEY_A)
+    browser.get(stack.base + "/")
+    for n in range(3):  # the page's job waits behind these (one worker renders one job at a time)
+        reply = requests.post(f"{stack.base}/jobs", json={"prompt": f"a blocker {n}", "width": 256, "height": 128},
+                              headers={"Authorization": f"Bearer {KEY_A}"}, timeout=60)
+        assert reply.status_code == 202, reply.text
+    browser.find_element(By.ID, "prompt").send_keys("A job to cancel")
+    browser.find_element(By.ID, "submit").click()
+    wait.until(lambda d: d.find_element(By.ID, "current-cancel").is_displayed())
+    assert browser.find_element(By.ID, "current-status").text == "queued"  # behind the blockers
+    assert "queued · position" in browser.find_element(By.ID, "current-stage").text
+    browser.find_element(By.ID, "current-cancel").click()
+    wait.until(lambda d: d.find_element(By.ID, "current-status").text == "cancelled")
+    assert not browser.find_element(By.ID, "current-cancel").is_displayed()
+    assert not browser.find_element(By.ID, "current-download").is_displayed()
+
+    prompt = browser.find_element(By.ID, "prompt")
+    prompt.clear()
+    prompt.send_keys("A job to download")
+    browser.find_element(By.ID, "submit").click()
+    wait.until(lambda d: d.find_element(By.ID, "current-status").text == "completed"
+               and d.find_element(By.ID, "current-download").is_displayed())
+    link = browser.find_element(By.ID, "current-download")
+    job_id = browser.find_element(By.ID, "current-id").text
+    assert link.get_attribute("href").startswith("blob:") and link.get_attribute("download") == f"{job_id}.mp4"
+    size = browser.execute_async_script("const done = arguments[arguments.length - 1];"
+                                        "fetch(arguments[0]).then(r => r.blob()).then(b => done(b.size));",
+                                        link.get_attribute("href"))
+    stored = requests.head(f"{stack.base}/jobs/{job_id}/content", headers={"Authorization": f"Bearer {KEY_A}"},
+                           timeout=60)
+    assert size == int(stored.headers["Content-Length"]) > 0
+    browser.execute_script("document.querySelectorAll('#gallery button.play').forEach(b => b.click())")
+    links = "return [...document.querySelectorAll('#gallery a.download')].map(a => [a.href, a.download]);"
+    wait.until(lambda d: d.execute_script(links) and all(h.startswith("blob:") for h, _ in d.execute_script(links)))
+    assert all(name.endswith(".mp4") for _, name in browser.execute_script(links))
+
+
+def test_batch_page_help_shows_the_limit_not_its_variable(compat_api):
+    """The batch form's help text names the server's batch limit as a number, not `H3BATCH_MAX_BATCH`."""
+    import requests
+
+    from h3batch.settings import Settings
+
+    page = " ".join(requests.get(compat_api.base + "/ui/batches", timeout=60).text.split())
+    assert f"up to the server's {Settings().max_batch} lines" in page and "H3BATCH_MAX_BATCH" not in page
 
 
 def test_first_and_last_frame_drop_preview_and_send_as_fl2va(stack, browser, tmp_path, rc):

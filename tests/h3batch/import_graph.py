@@ -9,7 +9,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 ROOMS = {"h3batch": "h3batch", "h3batch.core": "core", "h3batch.api": "api", "h3batch.worker": "worker",
-         "h3batch.kernels": "kernels", "h3batch.loadrunner": "loadrunner"}
+         "h3batch.kernels": "kernels", "h3batch.loadrunner": "loadrunner", "h3batch.client": "client"}
 """Import name -> folder in the checkout (pyproject.toml's package-dir)."""
 
 

@@ -22,6 +22,10 @@ def _any(*tests):
     return lambda node: any(t(node) for t in tests)
 
 
+CLIENT_MAY_USE_FROM_CORE = {"h3batch.core", "h3batch.core.jsonl", "h3batch.core.archive_names"}
+"""The pure rules the client shares with the server: how a JSONL file is cut into lines and how archive members are
+named."""
+
 RULES = {
     # room: (what it may not reach, why)
     "h3batch.api": (_any(_in("h3batch.worker", "h3batch.kernels"), lambda n: n in MODEL_STACK),
@@ -34,6 +38,11 @@ RULES = {
     "h3batch.loadrunner": (_any(_in("h3batch.api", "h3batch.worker", "h3batch.core", "h3batch.kernels"),
                                 lambda n: n in MODEL_STACK),
                            "the load runner imports nothing of the video service"),
+    "h3batch.client": (_any(_in("h3batch.api", "h3batch.worker", "h3batch.kernels", "h3batch.loadrunner"),
+                            lambda n: _in("h3batch.core")(n) and n not in CLIENT_MAY_USE_FROM_CORE,
+                            lambda n: n in MODEL_STACK | {"flask", "werkzeug", "gunicorn", "redis", "celery"}),
+                       "the client imports only httpx2, pydantic, tqdm and core's two pure helpers: it runs on a "
+                       "laptop with no Redis, Flask or model stack"),
     "h3batch.settings": (_any(_in("h3batch.api", "h3batch.worker", "h3batch.core", "h3batch.kernels",
                                   "h3batch.loadrunner"), lambda n: n in MODEL_STACK | {"flask", "redis", "celery"}),
                          "settings is the bottom floor: stdlib only"),

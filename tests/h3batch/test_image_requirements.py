@@ -29,7 +29,7 @@ IMAGES = {
     "worker-cpu": ("pyproject.toml", ("h3batch.worker", "h3batch.kernels")),
     "build": ("docker/requirements/build.in", ()),
 }
-ROOM_PREFIXES = ("h3batch.api", "h3batch.worker", "h3batch.kernels", "h3batch.loadrunner")
+ROOM_PREFIXES = ("h3batch.api", "h3batch.worker", "h3batch.kernels", "h3batch.loadrunner", "h3batch.client")
 SMOKE = {"api": "api", "loadrunner": "loadrunner", "worker-cpu": "worker"}
 """List -> the docker/image_smoke.py argument of the image that installs it."""
 

@@ -1,7 +1,7 @@
 """Capacity and out-of-memory, end to end: a real worker advertises `max_rows` (here H3BATCH_MAX_ROWS), the API
 refuses larger requests on both create routes before anything is queued, a job that reaches the worker over its
 limit fails `exceeds_worker_capacity`, and a CUDA out-of-memory error (the real torch class, raised inside the
-pipeline by H3BATCH_DEBUG_OOM_AT) fails its job `gpu_out_of_memory` while the same worker process renders the next.
+pipeline by H3BATCH_DEBUG_OOM_AT) fails its job `out_of_memory` while the same worker process renders the next.
 
 One stack for the module (Redis, API, one worker): every test leaves the worker idle. Only the last test renders a
 clip to the end (the job after the OOM), about 2 s on an idle CPU.
@@ -145,12 +145,12 @@ def test_a_job_over_the_workers_own_limit_fails_exceeds_worker_capacity(stack):
 
 
 def test_out_of_memory_fails_the_job_and_the_same_worker_renders_the_next(stack):
-    """torch.OutOfMemoryError raised inside denoise fails that job gpu_out_of_memory (retryable false, stage
+    """torch.OutOfMemoryError raised inside denoise fails that job out_of_memory (retryable false, stage
     denoise, logged with the job id, memory released); the same worker process then completes the next job."""
     pid = beat(stack)["pid"]
     failed = finished(stack, submit(stack, MEDIUM)["id"])
     assert failed["status"] == "failed", failed
-    assert failed["error"]["code"] == "gpu_out_of_memory" and failed["error"]["retryable"] is False, failed
+    assert failed["error"]["code"] == "out_of_memory" and failed["error"]["retryable"] is False, failed
     assert failed["error"]["stage"] == "denoise" and str(rows(MEDIUM)) in failed["error"]["message"]
     done = finished(stack, submit(stack, SMALL)["id"])
     assert done["status"] == "completed", done

@@ -270,7 +270,7 @@ def stream_id(event: dict) -> tuple[int, int]:
 
 
 def test_event_stream_follows_a_job_live_and_replays_after_last_event_id(api, worker):
-    """GET /events streams status → stage/progress (steps 1..8 in order) → completed, then closes; ids increase;
+    """GET /events streams status → stage/progress (steps 0..8 in order) → completed, then closes; ids increase;
     reconnecting with Last-Event-ID replays exactly the later events."""
     job = post_job(api.base, seed=11)
     with requests.get(f"{api.base}/jobs/{job['id']}/events", stream=True, timeout=120) as live:
@@ -282,7 +282,7 @@ def test_event_stream_follows_a_job_live_and_replays_after_last_event_id(api, wo
     started = [e for e in events if e["event"] == "status" and e["data"]["status"] == "in_progress"]
     assert len(started) == 1 and started[0]["data"]["attempt"] == 1
     steps = [e["data"]["step"] for e in events if e["event"] == "progress" and e["data"]["stage"] == "denoise"]
-    assert steps == list(range(1, 9))
+    assert steps == list(range(0, 9))  # step 0: the stage begins, before its first forward
     progress = [e["data"]["progress"] for e in events if e["event"] == "progress"]
     assert progress == sorted(progress)
     assert [e["data"]["stage"] for e in events if e["event"] == "stage"] == ["denoise", "decode", "mux", "finalize"]

@@ -121,3 +121,17 @@ def test_aspect_ratio_renders_the_release_bucket(release, tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (summary["width"], summary["height"]) == (128, 128)
     assert (probe_mp4(out)["width"], probe_mp4(out)["height"]) == (128, 128)
+
+
+def test_default_release_outside_the_checkout_is_a_missing_folder_not_a_hub_id(tmp_path):
+    """Run where no `var/tiny-release` exists, with no --release and no H3BATCH_RELEASE, the path-like default is
+    reported as a missing folder (exit 2, one line); it is never read as the Hub repo `var/tiny-release`, so nothing
+    touches the network or the Hub cache (HF_HUB_OFFLINE is unset here on purpose)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("H3BATCH_") and k != "HF_HUB_OFFLINE"}
+    env["HF_HUB_CACHE"] = str(tmp_path / "hub-cache")
+    done = subprocess.run([*H3BATCH, "render", "--prompt", "rain", "--out", str(tmp_path / "x.mp4")],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "release directory 'var/tiny-release' does not exist" in lines[0] and "the default" in lines[0]
+    assert "build-tiny" in lines[0] and not (tmp_path / "hub-cache").exists()

@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     """`h3batch memory-plan`: print the plan of the V2 33B shapes for the given GPUs."""
     from h3batch.cli_args import OneLineArgumentParser
 
-    parser = OneLineArgumentParser(prog="h3batch memory-plan", description=__doc__.splitlines()[0])
+    parser = OneLineArgumentParser(prog="h3batch memory-plan", description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 4], help="GPUs per worker (default: 1 4)")
     parser.add_argument("--gpu-gib", type=float, default=H200_BYTES / GIB, help="memory per GPU (default: H200)")
     parser.add_argument("--placement", choices=PLACEMENTS, default="auto", help="text encoder placement")

@@ -1,31 +1,27 @@
 """`h3batch submit PROMPT [--seconds S --width W --height H --seed N] [--wait] [--out clip.mp4] [--api URL
 --api-key KEY]`: send one job to a running h3batch API, show its progress, download the MP4; or
-`h3batch submit --file prompts.jsonl --out-dir clips/`: send a file of prompts as one batch (api/client_batch.py).
+`h3batch submit --file prompts.jsonl --out-dir clips/`: send a file of prompts as one batch (client/cli_batch.py).
 
-Progress comes from the job's server-sent event stream (`GET /jobs/{id}/events`, read with `requests` streaming;
-the few lines of SSE parsing are in api/client_http.py because the project has no SSE client dependency and the
-format is four line prefixes); if the stream is refused or drops, the client falls back to long-polling
-`GET /jobs/{id}?wait=`.
+Built on `h3batch.client.Client`: progress from the job's event stream, long polls when the stream is refused or
+drops, retries with backoff and an Idempotency-Key per create, downloads resumed with Range.
 Exit codes (one job): 0 the job completed (and the MP4 was saved when --out was given); 1 the job failed or was
 cancelled; 2 bad arguments, a request the API refused, or an API that cannot be reached (one line on stderr).
-The batch mode's exit codes are listed in api/client_batch.py.
+The batch mode's exit codes are listed in client/cli_batch.py.
 """
 from __future__ import annotations
 
 import argparse
 import math
 import sys
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import requests
-
-from h3batch.api.client_http import Client, CliError, writable_file
 from h3batch.cli_args import OneLineArgumentParser
+from h3batch.client.cli_common import CliError, refusals, writable_file
+from h3batch.client.progress import JobBar as Progress
+from h3batch.client.sync import Client
 from h3batch.settings import raw_value
 
-TERMINAL = ("completed", "failed", "cancelled", "expired")
 DEFAULT_API = "http://127.0.0.1:8000"
 
 
@@ -94,55 +90,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-class Progress:
-    """A tqdm bar 0..100 labelled with the stage (or nothing with --no-progress)."""
-
-    def __init__(self, enabled: bool, job_id: str):
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm  # noqa: PLC0415
-
-            self.bar = tqdm(total=100, desc=job_id[:16], unit="%", bar_format="{desc} {bar} {n:.0f}% {postfix}",
-                            file=sys.stderr)
-
-    def show(self, progress: float | None, stage: str | None, step: int | None = None) -> None:
-        if self.bar is None:
-            return
-        if progress is not None:
-            self.bar.n = round(progress * 100, 1)
-        if stage:
-            self.bar.set_postfix_str(stage + (f" {step}/8" if stage == "denoise" and step else ""), refresh=False)
-        self.bar.refresh()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def follow(client: Client, job: dict, progress: Progress, timeout_s: float) -> dict:
-    """Until the job is finished: SSE first, long-polling if the stream is refused or drops. Returns the job."""
-    deadline = time.monotonic() + timeout_s
-    last_id = None
-    use_stream = True
-    while time.monotonic() < deadline:
-        if job["status"] in TERMINAL:
-            return job
-        if use_stream:
-            try:
-                for name, data, event_id in client.events(job["id"], last_id):
-                    last_id = event_id or last_id
-                    progress.show(data.get("progress"), data.get("stage"), data.get("step"))
-                    if name in TERMINAL:
-                        break
-                    if time.monotonic() >= deadline:
-                        break
-            except (CliError, requests.RequestException, ValueError):
-                use_stream = False  # refused (e.g. 503 too_many_streams) or dropped: poll instead
-        job = client.get(job["id"], wait_s=0 if use_stream else 10)
-        progress.show(job.get("progress"), job.get("stage"), job.get("step"))
-    raise CliError(f"job {job['id']} did not finish within {timeout_s:g} s (it keeps running on the server)")
-
-
 def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -151,9 +98,9 @@ def main(argv: list[str]) -> int:
             parser.error("give either PROMPT or --file, not both")
         if args.out is not None or args.wait:
             parser.error("--out and --wait are for one prompt; with --file use --out-dir")
-        from h3batch.api import client_batch  # noqa: PLC0415  (the batch flow only when asked for)
+        from h3batch.client import cli_batch  # noqa: PLC0415  (the batch flow only when asked for)
 
-        return client_batch.run(args, parser)
+        return cli_batch.run(args, parser)
     for name in ("out_dir", "no_archive", "metadata", "webhook_url"):
         if getattr(args, name) not in (None, False):
             parser.error(f"--{name.replace('_', '-')} needs --file")
@@ -171,24 +118,29 @@ def main(argv: list[str]) -> int:
     try:
         if args.out is not None:
             writable_file(args.out, "--out")  # refused here, before a job is made for nothing
-        job = client.create(body)
+        with refusals():
+            job = client.create(**body)
         if not (args.wait or args.out):
-            print(job["id"])
+            print(job.id)
             return 0
-        progress = Progress(not args.no_progress, job["id"])
-        job = follow(client, job, progress, args.timeout or 1800.0)
+        progress = Progress(not args.no_progress, job.id)
+        timeout_s = args.timeout or 1800.0
+        with refusals():  # a WaitTimeout is one line too: "job ... did not finish within N s (it keeps running ...)"
+            job = client.wait(job, timeout_s=timeout_s, raise_on_failure=False, on_event=progress.show_event)
+        progress.show(job.progress, job.stage, job.step)
         progress.close()
-        if job["status"] != "completed":
-            error = job.get("error") or {}
-            detail = f"{error.get('code')}: {error.get('message')}" if error else job.get("cancel_reason") or ""
-            print(f"h3batch submit: job {job['id']} {job['status']}" + (f" ({detail})" if detail else ""),
+        if job.status.value != "completed":
+            error = job.error
+            detail = f"{error.code}: {error.message}" if error else job.cancel_reason or ""
+            print(f"h3batch submit: job {job.id} {job.status.value}" + (f" ({detail})" if detail else ""),
                   file=sys.stderr)
             return 1
         if args.out:
-            size = client.download(job["id"], args.out)
-            print(f"{job['id']} completed seed={job['seed']} -> {args.out} ({size} bytes)")
+            with refusals("download"):
+                size = client.download(job, args.out)
+            print(f"{job.id} completed seed={job.seed} -> {args.out} ({size} bytes)")
         else:
-            print(f"{job['id']} completed seed={job['seed']}")
+            print(f"{job.id} completed seed={job.seed}")
         return 0
     except CliError as exc:
         if progress is not None:
@@ -198,3 +150,5 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("h3batch submit: interrupted (the job keeps running on the server)", file=sys.stderr)
         return 130
+    finally:
+        client.close()

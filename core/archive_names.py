@@ -1,5 +1,5 @@
 """The file name of each batch item in its archive: one rule for the server that lays out the zip
-(api/batch_service.py) and the CLI that unzips it and checks every expected file arrived (api/client_batch.py).
+(api/batch_service.py) and the client that unzips it and checks every expected file arrived (client/cli_batch.py).
 
 Names are unique by construction, also when compared without case (a zip unpacked on macOS or Windows):
 

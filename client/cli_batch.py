@@ -40,10 +40,11 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from h3batch.api.archive_names import member_names
-from h3batch.api.client_http import (BatchRefused, Client, CliError, NotFound, detail_text, partial_path,
-                                     writable_dir)
+from h3batch.client.cli_common import BatchRefused, CliError, Gone, detail_text, refusals, writable_dir
+from h3batch.client.protocol import partial_path
+from h3batch.client.sync import Client
 from h3batch.core import jsonl
+from h3batch.core.archive_names import member_names
 
 PROG = "h3batch submit"
 STATE_NAME = ".h3batch-batch.json"
@@ -289,7 +290,36 @@ def _on_sigterm(signum, frame):  # noqa: ARG001
     raise Interrupted()
 
 
-def attach_or_create(client: Client, out_dir: Path, body: dict, sha: str) -> tuple[dict, dict, bool]:
+class BatchApi:
+    """The batch calls of this flow over `h3batch.client.Client`, answering the wire's plain dicts (the state file,
+    the bar and the result lines read its fields) and raising CliError lines (client/cli_common.py)."""
+
+    def __init__(self, client: Client):
+        self.client, self.base = client, client.base_url
+
+    def get_batch(self, batch_id: str) -> dict:
+        with refusals():
+            return self.client.get_batch(batch_id).model_dump(mode="json")
+
+    def create_batch(self, body: dict, idempotency_key: str) -> dict:
+        with refusals("batch"):
+            return self.client.create_batch(body["requests"], metadata=body.get("metadata"),
+                                            on_invalid=body["on_invalid"], webhook_url=body.get("webhook_url"),
+                                            idempotency_key=idempotency_key).model_dump(mode="json")
+
+    def batch_results(self, batch: dict) -> list[dict]:
+        with refusals():
+            return [r.model_dump(mode="json") for r in self.client.batch_results(batch["id"])]
+
+    def fetch_file(self, path: str, out: Path, on_bytes=None, *, trust_partial: bool = False) -> tuple[int, int]:
+        try:
+            with refusals("download"):
+                return self.client.fetch_file(path, out, on_bytes, trust_partial=trust_partial)
+        except OSError as exc:
+            raise CliError(f"cannot write {out} ({exc.strerror or type(exc).__name__})") from None
+
+
+def attach_or_create(client: BatchApi, out_dir: Path, body: dict, sha: str) -> tuple[dict, dict, bool]:
     """(batch, state, re-attached): the batch this out-dir already follows, else a new one (state saved at once)."""
     state = load_state(out_dir)
     if state is not None:
@@ -299,7 +329,7 @@ def attach_or_create(client: Client, out_dir: Path, body: dict, sha: str) -> tup
                            f"{out_dir / STATE_NAME}")
         try:
             return client.get_batch(state["batch_id"]), state, True
-        except NotFound:
+        except Gone:
             # Deleted or expired on the server: start over, with a key the old batch did not use.
             print(f"{PROG}: batch {state['batch_id']} is gone from the server; submitting the file again",
                   file=sys.stderr)
@@ -314,7 +344,7 @@ def attach_or_create(client: Client, out_dir: Path, body: dict, sha: str) -> tup
     return batch, state, False
 
 
-def follow(client: Client, batch: dict, bar: BatchBar, poll_s: float, timeout_s: float | None,
+def follow(client: BatchApi, batch: dict, bar: BatchBar, poll_s: float, timeout_s: float | None,
            on_poll=None) -> dict:
     """GET the batch until it is finished; `on_poll(batch)` runs after each look (item downloads)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -334,7 +364,7 @@ def follow(client: Client, batch: dict, bar: BatchBar, poll_s: float, timeout_s:
 class ItemDownloader:
     """--no-archive: fetch each completed item's content_url once it is done (skipping files already here)."""
 
-    def __init__(self, client: Client, out_dir: Path, state: dict, bar: BatchBar):
+    def __init__(self, client: BatchApi, out_dir: Path, state: dict, bar: BatchBar):
         self.client, self.out_dir, self.state, self.bar = client, out_dir, state, bar
         self.seen_done = -1
         self.results: list[dict] = []
@@ -359,7 +389,7 @@ class ItemDownloader:
         self.bar.show(batch)
 
 
-def download_archive(client: Client, batch: dict, results: list[dict], out_dir: Path, state: dict,
+def download_archive(client: BatchApi, batch: dict, results: list[dict], out_dir: Path, state: dict,
                      bar: BatchBar) -> tuple[int, int, list[str]]:
     """Fetch (or continue) the archive, unzip what is missing and check every completed item's file arrived.
     Returns (archive bytes, resumed-from byte, one line per completed item whose file did not: missing_files)."""
@@ -437,7 +467,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         writable_dir(out_dir, "--out-dir")  # refused here, before a batch is made for nothing
         body = request_body(requests_, metadata, args.on_invalid, args.webhook_url)
         sha = body_sha256(body)
-        client = Client(args.api, args.api_key)
+        client = BatchApi(Client(args.api, args.api_key))
         try:
             batch, state, reattached = attach_or_create(client, out_dir, body, sha)
         except BatchRefused as exc:
