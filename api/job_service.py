@@ -63,8 +63,8 @@ def validate_create(body: dict, *, max_prompt_chars: int, canvas: str | None,
     except ValidationError as exc:
         kind, where, message = first_error(exc)
         if kind == "extra_forbidden":
-            message = (f"{where}: unknown field (accepted: prompt, seconds, width, height, aspect_ratio, seed, release, "
-                       "webhook_url, precision, task, first_frame, last_frame, references, loras, timeout_s)")
+            accepted = [*CreateJob.model_fields, "first_frame", "last_frame", "references"]  # images: api/job_inputs
+            message = f"{where}: unknown field (accepted: {', '.join(accepted)})"  # never drifts from the model
         elif kind not in _OWN_MESSAGES:
             message = f"{where}: {message}"
         named = _NAMED.match(message)

@@ -185,4 +185,4 @@ def test_unknown_field_message_lists_every_accepted_field():
         validate_create({"prompt": "rain", "bogus": 1}, max_prompt_chars=100, canvas=None)
     assert refused.value.code == "unsupported_parameter" and refused.value.field == "bogus"
     listed = refused.value.message.split("(accepted: ", 1)[1].rstrip(")").split(", ")
-    assert listed == list(CreateJob.model_fields) and "aspect_ratio" in listed
+    assert listed == [*CreateJob.model_fields, "first_frame", "last_frame", "references"] and "aspect_ratio" in listed
