@@ -225,8 +225,9 @@ def test_cancel_and_download_buttons(stack, browser):
     assert browser.find_element(By.ID, "current-status").text == "queued"  # behind the blockers
     assert "queued · position" in browser.find_element(By.ID, "current-stage").text
     browser.find_element(By.ID, "current-cancel").click()
-    wait.until(lambda d: d.find_element(By.ID, "current-status").text == "cancelled")
-    assert not browser.find_element(By.ID, "current-cancel").is_displayed()
+    # the badge follows the event; the button goes once the page has read the final record (a request later)
+    wait.until(lambda d: d.find_element(By.ID, "current-status").text == "cancelled"
+               and not d.find_element(By.ID, "current-cancel").is_displayed())
     assert not browser.find_element(By.ID, "current-download").is_displayed()
 
     prompt = browser.find_element(By.ID, "prompt")
