@@ -32,7 +32,7 @@ def target(request):
 def test_delete_cancel_get_and_list_race_without_5xx_or_stubs(target):
     base, headers, rc = target
     finished_before = rc.hgetall("h3b:metrics:batches")
-    ids, answers = [], []
+    ids, answers, rounds = [], [], []
     for round_ in range(ROUNDS):
         reply = requests.post(f"{base}/batches", json={"requests": [{"prompt": f"race {round_} {i}", **SMALL}
                                                                      for i in range(3)]}, headers=headers, timeout=30)
@@ -58,6 +58,7 @@ def test_delete_cancel_get_and_list_race_without_5xx_or_stubs(target):
         for thread in threads:
             thread.join()
         answers.extend(got)
+        rounds.append(got)
         deletes = sorted(status for method, _, status, _ in got if method == "DELETE")
         assert deletes == [200, 404], got
         for method, path, status, body in got:
@@ -75,10 +76,15 @@ def test_delete_cancel_get_and_list_race_without_5xx_or_stubs(target):
     assert not set(ids) & set(rc.zrange("h3b:batches:open", 0, -1)) | set(rc.lrange("h3b:batches:active", 0, -1))
     listed = requests.get(f"{base}/batches?limit=100", headers=headers, timeout=30).json()["data"]
     assert not set(ids) & {b["id"] for b in listed}
-    # a batch is counted finished only by a cancel that answered 200 (never by a stub stamped after its DELETE)
-    cancels_ok = sum(1 for method, _, status, _ in answers if method == "POST" and status == 200)
+    # A batch is counted finished at most once, and only in a round where a cancel took effect: one that answered
+    # 200, or 404 because a DELETE removed the batch between the cancel's mark and its answer (api/batch_service.py
+    # cancel answers as a cancel after the delete would; the batch was cancelled and counted before it went, seen on
+    # a loaded machine). Never by a stub stamped after the DELETE: the stubs are checked above.
+    cancels_ok = sum(1 for got_round in rounds if any(method == "POST" and status in (200, 404)
+                                                      for method, _, status, _ in got_round))
     finished = rc.hgetall("h3b:metrics:batches")
     stamped = int(finished.get("cancelled", 0)) - int(finished_before.get("cancelled", 0))
     assert stamped <= cancels_ok
     print(f"\nRACE {len(answers)} requests over {ROUNDS} rounds: "
-          f"{sorted({(m, s) for m, _, s, _ in answers})}; batches stamped {stamped}, cancels answered 200 {cancels_ok}")
+          f"{sorted({(m, s) for m, _, s, _ in answers})}; batches stamped {stamped}, rounds with a cancel that took "
+          f"effect {cancels_ok}")
