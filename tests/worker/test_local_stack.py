@@ -54,7 +54,7 @@ def test_serve_runs_until_interrupted_then_stops_its_children(redis_url, tiny_re
     proc = subprocess.Popen(H3BATCH + ["serve", "--port", str(port)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     seen: list[str] = []
-    guard = threading.Timer(300, proc.kill)  # a hang guard, not a timing assertion: a wedged serve ends the test
+    guard = threading.Timer(600, proc.kill)  # a hang guard, not a timing assertion: a wedged serve ends the test
     guard.start()
     try:
         for line in proc.stdout:  # the event: serve prints "ready:" once /readyz counts a worker heartbeat
@@ -64,7 +64,7 @@ def test_serve_runs_until_interrupted_then_stops_its_children(redis_url, tiny_re
         assert proc.poll() is None, "serve exited before it was ready:\n" + "".join(seen)
         assert requests.get(f"http://127.0.0.1:{port}/readyz", timeout=60).status_code == 200
         proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=120)
+        rest, _ = proc.communicate(timeout=300)  # a hang guard; 120 s was outrun under the core-0 hog
         output = "".join(seen) + rest
     finally:
         guard.cancel()
@@ -131,7 +131,7 @@ def test_serve_runs_its_own_persistent_redis_and_restarts_a_killed_worker_and_ap
         assert all(sum(1 for _, f in r.xrange(f"h3b:events:{i}") if f["event"] == "completed") == 1 for i in ids)
         assert r.hget(f"h3b:job:{ids[0]}", "attempt") == "2"  # the killed render ran again, once
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
+        proc.wait(timeout=300)  # a hang guard; 60 s was outrun under the core-0 hog
     finally:
         if proc.poll() is None:  # SIGINT first: serve stops its children (each in its own session) itself
             proc.send_signal(signal.SIGINT)
