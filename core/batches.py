@@ -169,14 +169,7 @@ def create_batch(r: redis.Redis, owner: str, items: list[Item], *, metadata: dic
             "width": spec.width, "height": spec.height, "seed": spec.seed, "release": spec.release,
             "owner": owner, "created_at": now, "attempt": 0, "batch_id": batch_id, "batch_index": item.index,
             "task": spec.task, "precision": spec.precision}
-        if spec.webhook_url:
-            record["webhook_url"] = spec.webhook_url
-        if spec.loras:
-            record["loras"] = list(spec.loras)
-        if spec.inputs:
-            record["inputs"] = spec.inputs
-        if spec.timeout_s:
-            record["timeout_s"] = spec.timeout_s
+        record.update(store.optional_fields(spec))
         if item.custom_id is not None:
             record["custom_id"] = item.custom_id
         pairs = [x for pair in store._encode(record).items() for x in pair]

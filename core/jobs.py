@@ -183,6 +183,20 @@ return seq
 """
 
 
+def optional_fields(spec: JobSpec) -> dict[str, Any]:
+    """The record fields a spec carries only when set (a single job's and a batch item's record alike)."""
+    fields: dict[str, Any] = {}
+    if spec.webhook_url:
+        fields["webhook_url"] = spec.webhook_url
+    if spec.loras:
+        fields["loras"] = list(spec.loras)
+    if spec.inputs:
+        fields["inputs"] = spec.inputs
+    if spec.timeout_s:
+        fields["timeout_s"] = spec.timeout_s
+    return fields
+
+
 def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None, max_queued: int | None = None,
                max_active_per_key: int = 0) -> dict[str, Any]:
     """Write a queued record, index it and put it in the queue zsets (one Lua script); returns the record.
@@ -200,14 +214,7 @@ def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None, max_q
         "width": spec.width, "height": spec.height, "seed": spec.seed, "release": spec.release,
         "owner": spec.owner, "created_at": now, "attempt": 0, "task": spec.task, "precision": spec.precision,
     }
-    if spec.webhook_url:
-        record["webhook_url"] = spec.webhook_url
-    if spec.loras:
-        record["loras"] = list(spec.loras)
-    if spec.inputs:
-        record["inputs"] = spec.inputs
-    if spec.timeout_s:
-        record["timeout_s"] = spec.timeout_s
+    record.update(optional_fields(spec))
     if spec.api != "jobs":
         record["api"] = spec.api
     pairs = [item for field_value in _encode(record).items() for item in field_value]
