@@ -242,6 +242,10 @@ def test_web_page_plays_clips_through_the_presigned_redirect(s3, done_job):
         driver.execute_script("localStorage.setItem('h3batch.apiKey', arguments[0])", KEY)
         driver.get(s3.redirect.base + "/")
         clips = "return [...document.querySelectorAll('#gallery video')].map(v => [v.readyState, v.duration]);"
+        # the gallery shows thumbnails and fetches a clip only when it is played (issue 30): play each one
+        WebDriverWait(driver, 60, poll_frequency=0.1).until(
+            lambda d: d.execute_script("return document.querySelectorAll('#gallery button.play').length"))
+        driver.execute_script("document.querySelectorAll('#gallery button.play').forEach(b => b.click())")
         WebDriverWait(driver, 60, poll_frequency=0.1).until(
             lambda d: d.execute_script(clips) and all(state >= 1 for state, _ in d.execute_script(clips)))
         assert all(duration > 3.9 for _, duration in driver.execute_script(clips))
