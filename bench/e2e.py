@@ -49,7 +49,7 @@ import torch
 from h3batch.core.geometry import TINY_CANVAS, V2_CANVAS
 from h3batch.worker import compile_cache
 from h3batch.worker import pipeline as pipeline_module
-from h3batch.worker.h3 import decode, packing
+from h3batch.worker.h3 import contract, decode, packing
 from h3batch.worker.h3.config import T2, H3Config
 from h3batch.worker.h3.model import H3Transformer
 from h3batch.worker.h3.precision import apply_precision
@@ -150,7 +150,8 @@ def bench_info(tiny: bool) -> SimpleNamespace:
     """What `Pipeline` reads from a validated release, for a model that has none."""
     return SimpleNamespace(path=Path(tempfile.gettempdir()), model_id="bench/random" + ("-tiny" if tiny else ""),
                            contract_hash="0" * 64, entry=SimpleNamespace(contract=SimpleNamespace(vsa_sparsity=0.8)),
-                           canvas=TINY_CANVAS if tiny else V2_CANVAS)
+                           canvas=TINY_CANVAS if tiny else V2_CANVAS, kind=contract.ReleaseKind.V2,
+                           tasks=contract.V2_TASKS, native=None, vsa_sparsity=0.8)
 
 
 # Timing --------------------------------------------------------------------------------------------------------------
