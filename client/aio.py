@@ -174,7 +174,7 @@ class AsyncClient:
         async def once() -> int:
             headers, offset = protocol.resume_headers(out, False)
             async with self._http.stream("GET", url, headers=headers,
-                                         timeout=httpx2.Timeout(30.0, read=300.0)) as r:
+                                         timeout=httpx2.Timeout(30.0, read=300.0), follow_redirects=True) as r:
                 if r.status_code >= 400:
                     await r.aread()
                     protocol.partial_path(out).unlink(missing_ok=True)  # a 416 too: start afresh next time

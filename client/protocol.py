@@ -180,7 +180,10 @@ def content_range(value: str) -> tuple[int, int | None]:
 
 
 def body_plan(response: httpx2.Response, offset: int, what: str) -> tuple[str, int, int | None]:
-    """(file mode, resumed-from byte, total size or None) for writing a 200/206 answer over the partial file."""
+    """(file mode, resumed-from byte, total size or None) for writing a 200/206 answer over the partial file.
+    Any other answer (a redirect left unfollowed, a 204) is refused: its body is no video."""
+    if response.status_code not in (200, 206):
+        raise DownloadError(f"GET {what} answered {response.status_code}, not the file (200 or 206)")
     if response.status_code == 206:
         start, total = content_range(response.headers.get("Content-Range", ""))
         if start != offset:

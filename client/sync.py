@@ -223,7 +223,8 @@ class Client:
 
         def once() -> tuple[int, int]:
             headers, offset = protocol.resume_headers(out, trust_partial)
-            with self._http.stream("GET", url, headers=headers, timeout=httpx2.Timeout(30.0, read=300.0)) as r:
+            with self._http.stream("GET", url, headers=headers, timeout=httpx2.Timeout(30.0, read=300.0),
+                                   follow_redirects=True) as r:
                 if r.status_code == 416:  # the partial file is no prefix of this resource: start again
                     protocol.partial_path(out).unlink(missing_ok=True)
                     headers, offset = {}, 0
@@ -237,7 +238,7 @@ class Client:
         return self._retrying(once)
 
     def _fetch_whole(self, url: str, out: Path, on_bytes) -> tuple[int, int]:
-        with self._http.stream("GET", url, timeout=httpx2.Timeout(30.0, read=300.0)) as r:
+        with self._http.stream("GET", url, timeout=httpx2.Timeout(30.0, read=300.0), follow_redirects=True) as r:
             if r.status_code >= 400:
                 r.read()
                 protocol.raise_for_error(r)
