@@ -38,8 +38,9 @@ class WorkerState(str, enum.Enum):
 
 
 class Heartbeat(threading.Thread):
-    """Refreshes `h3b:worker:{name}` (TTL 15 s) every 5 s, renews the lease of the job being rendered, and every
-    10 s (one worker at a time, under a Redis lock) runs the reaper (`resend_lost_jobs`). When `info` has
+    """Refreshes `h3b:worker:{name}` (TTL 15 s) every 5 s and renews the lease of the job being rendered; a second
+    thread feeds held batch items and every 10 s (one worker at a time, under a Redis lock) runs the reaper
+    (`resend_lost_jobs`), so no slow pass delays a renewal. When `info` has
     `max_rows` (worker/capacity.py), each beat also writes the worker's capability (max_rows, precision,
     release_kind, tasks, canvas: core/routing.Capability) to `h3b:capacity`, which the API routes and refuses
     requests by (core/capacity.py)."""
@@ -141,10 +142,18 @@ class Heartbeat(threading.Thread):
         return report.requeued + report.resent
 
     def run(self) -> None:
-        last_reap = 0.0
+        housekeeping = threading.Thread(target=self._housekeep, name="h3batch-housekeeping", daemon=True)
+        housekeeping.start()
         while not self._stop_event.wait(self.settings.heartbeat_interval_s):
             self.check_disk()
             self.beat()
+
+    def _housekeep(self) -> None:
+        """The batch feed and the reaper pass, on their own thread: a slow pass (a bucket listing in the garbage
+        sweep, a long queue) must never delay the beat that renews the lease of the job in hand, or a live
+        worker's job would lapse and be rendered twice."""
+        last_reap = 0.0
+        while not self._stop_event.wait(self.settings.heartbeat_interval_s):
             try:  # held batch items into idle capacity (core/batches.py): catches any missed top-up
                 batches.feed(self.r, self.resend)
             except redis.exceptions.RedisError as exc:
@@ -153,7 +162,7 @@ class Heartbeat(threading.Thread):
                 last_reap = time.monotonic()
                 try:
                     self.resend_lost_jobs()
-                except Exception:  # never let a reaper error stop the heartbeat; it is retried next interval
+                except Exception:  # never let a reaper error stop housekeeping; it is retried next interval
                     log.exception("reaper pass failed")
 
     def stop(self) -> None:

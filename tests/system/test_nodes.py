@@ -23,9 +23,10 @@ from tests.system.conftest import SMALL, completed_events, wait_all_finished, wa
 
 JOBS = 12
 NODES = ("node-a", "node-b", "node-c")
-# A 6 s lease (not the system tests' 3 s): three workers on two busy cores can miss a 3 s renewal while alive,
-# and a requeue of a live worker's job would render it twice (fenced at publish, but not what this test measures).
-NODE_ENV = {"H3BATCH_DEBUG_STEP_DELAY_S": "0.1", "OMP_NUM_THREADS": "1", "H3BATCH_LEASE_TTL_S": "6"}
+# A 10 s lease (not the system tests' 3 s): three workers on two busy cores can miss renewals while alive (CI saw
+# a 6 s one lapse), and a requeue of a live worker's job would render it twice (fenced at publish, but not what this
+# test measures).
+NODE_ENV = {"H3BATCH_DEBUG_STEP_DELAY_S": "0.1", "OMP_NUM_THREADS": "1", "H3BATCH_LEASE_TTL_S": "10"}
 """Each progress report sleeps 0.1 s: a render lasts about a second longer, so twelve jobs spread over the three
 workers instead of the first one to start draining the queue, and the victim is caught mid-render. One torch
 thread per worker: three nodes on a 2-core machine would otherwise oversubscribe it."""
