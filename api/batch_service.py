@@ -171,7 +171,7 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
         except ApiError as exc:  # webhook_url refused (422) or webhooks not configured (400)
             refuse("webhook_url", exc.message)
             continue
-        need = job_service.need_of(req, caller.default_precision)
+        need = job_service.need_of(req, caller.default_precision, fleet)
         unserved = job_service.over_capacity(fleet, need)
         images: list = []
         if unserved is None:  # the images of a line the fleet serves (a line no worker serves is reported as such)
@@ -187,15 +187,15 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
         canonical.append({**req.model_dump(mode="json"), "custom_id": custom_id, **job_inputs.fingerprint(images)})
         if unserved is not None:  # as POST /jobs answers 422 exceeds_worker_capacity / no_capable_worker
             code, message = unserved
-            field = "body" if code == "exceeds_worker_capacity" else (
-                "task" if message.startswith("task") else "precision")
+            field = "body" if code == "exceeds_worker_capacity" else next(
+                (f for f in ("task", "seconds") if message.startswith(f)), "precision")
             over.append({"line": line, "field": field, "message": f"{code}: {message}"})
             continue
         why = job_service.lora_base_refusal(fleet, req)
         if why is not None:  # as POST /jobs answers 422 lora_base_mismatch
             over.append({"line": line, "field": "loras", "message": f"lora_base_mismatch: {why}"})
             continue
-        spec = JobSpec(prompt=req.prompt, seconds=float(req.seconds), width=req.width, height=req.height,
+        spec = JobSpec(prompt=req.prompt, seconds=need.seconds, width=req.width, height=req.height,
                        seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
                        owner=caller.owner, webhook_url=req.webhook_url, task=need.task, precision=need.precision,
                        loras=tuple(req.lora_records), timeout_s=req.timeout_s)

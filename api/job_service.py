@@ -176,9 +176,10 @@ def _create_and_enqueue(caller: Caller, req: CreateJob, api: str, images: list) 
     removed again when the record is refused. 422 exceeds_worker_capacity / no_capable_worker, 400/422 webhook_url
     refused, 429 too_many_active_jobs, 503 queue_full or storage_unavailable."""
     check_timeout(caller, req)
-    need = need_of(req, caller.default_precision)
+    fleet = capacity.fleet(caller.r)
+    need = need_of(req, caller.default_precision, fleet)
     check_capacity(caller.r, need)  # before anything is written
-    check_lora_base(capacity.fleet(caller.r), req)
+    check_lora_base(fleet, req)
     if req.webhook_url is not None:
         caller.vet_webhook_url(req.webhook_url)  # before anything is written
     job_id, inputs = store.new_job_id(), None
@@ -190,7 +191,7 @@ def _create_and_enqueue(caller: Caller, req: CreateJob, api: str, images: list) 
         except StoreUnavailable as exc:
             raise ApiError(503, "storage_unavailable", f"the artifact store is unavailable ({exc}); retry later",
                            True, {"Retry-After": "5"}) from None
-    spec = JobSpec(prompt=req.prompt, seconds=float(req.seconds), width=req.width, height=req.height,
+    spec = JobSpec(prompt=req.prompt, seconds=need.seconds, width=req.width, height=req.height,
                    seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
                    owner=caller.owner, webhook_url=req.webhook_url, api=api, task=need.task,
                    precision=need.precision, job_id=job_id, inputs=inputs, loras=tuple(req.lora_records),
@@ -245,11 +246,15 @@ def too_many_active(caller: Caller, asked: int) -> ApiError:
                     {"Retry-After": str(defaults.QUEUE_FULL_RETRY_AFTER_S)})
 
 
-def need_of(req: CreateJob, default_precision: str) -> routing.Need:
+def need_of(req: CreateJob, default_precision: str, fleet: capacity.Fleet | None = None) -> routing.Need:
     """What a validated request needs from a worker: its task, its precision (the operator's default when it asks
-    for none) and its rows."""
-    return routing.Need.of(req.width, req.height, float(req.seconds), task=req.task,
-                           precision=req.precision or default_precision)
+    for none), its duration and its rows. A request that names no `seconds` gets the default, raised to the
+    shortest clip the fleet's workers for its task render (5 s when they all run the native release): the job is
+    created with `need.seconds`."""
+    seconds = float(req.seconds)
+    if "seconds" not in req.model_fields_set and fleet is not None:
+        seconds = max(seconds, routing.shortest_served(req.task, fleet.capabilities))
+    return routing.Need.of(req.width, req.height, seconds, task=req.task, precision=req.precision or default_precision)
 
 
 def check_capacity(r: redis.Redis, need: routing.Need) -> None:

@@ -15,7 +15,7 @@ from h3batch.api.errors import ApiError
 from h3batch.api.redis_client import get_redis
 from h3batch.api.schemas import CreateJob, job_view
 from h3batch.api.wait import POLL_S, wait_for_finish
-from h3batch.core import defaults, keys
+from h3batch.core import capacity, defaults, keys
 from h3batch.core.jobs import FINISHED, TERMINAL_EVENTS, JobStatus, load_job
 
 bp = Blueprint("jobs", __name__)
@@ -97,7 +97,8 @@ def create():
     req = _validated(body)
     caller = job_http.caller()
     if raw or req.task != "t2va":  # a task no worker serves is 422 before its images are looked at
-        job_service.check_capacity(caller.r, job_service.need_of(req, caller.default_precision))
+        fleet = capacity.fleet(caller.r)
+        job_service.check_capacity(caller.r, job_service.need_of(req, caller.default_precision, fleet))
     images = job_inputs.check_images(req.task, raw, req.width, req.height)  # nothing is stored on a refusal
     wait_s = _requested_wait()
     record, replayed = job_service.create_job(

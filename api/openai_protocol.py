@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, ValidationError
 from h3batch.api.errors import ApiError
 from h3batch.api.job_service import Vocabulary
 from h3batch.api.schemas import LORA_CODES, CreateJob, first_error
-from h3batch.core import defaults, loras, request_rules
+from h3batch.core import loras, request_rules
 from h3batch.core.geometry import ASPECT_RATIOS, FPS, GeometryError, RequestGeometry, nearest_canvas, shown
 from h3batch.core.jobs import FINISHED, JobStatus
 
@@ -222,8 +222,7 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
             if resolved is not None and ints["num_frames"] not in (resolved, round(seconds * FPS)):
                 raise ApiError(400, "unsupported_duration", f"num_frames: {ints['num_frames']} contradicts seconds "
                                                             f"{fields['seconds']!r} ({resolved} frames)")
-    if seconds is None:
-        seconds = defaults.DEFAULT_SECONDS
+    # None: not given; CreateJob's default applies, raised to the fleet's shortest clip (job_service.need_of)
 
     for name in (*_FLOAT_FIELDS, *_NO_CFG_FIELDS):
         value = fields.get(name)
@@ -253,7 +252,7 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
     if fields.get("aspect_ratio") not in (None, ""):
         size["aspect_ratio"] = fields["aspect_ratio"]
     _as_text("user", fields.get("user"))  # OpenAI's end-user id: checked, then not used
-    return {"prompt": fields["prompt"], "seconds": seconds, **size, "seed": ints.get("seed"),
+    return {"prompt": fields["prompt"], **({"seconds": seconds} if seconds is not None else {}), **size, "seed": ints.get("seed"),
             "release": _as_text("release", fields.get("release")),
             **({"precision": fields["precision"]} if fields.get("precision") not in (None, "") else {}),
             "webhook_url": _as_text("webhook_url", fields.get("webhook_url")),

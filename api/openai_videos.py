@@ -75,7 +75,8 @@ def create_video():
     images = []
     caller = job_http.caller()
     if reference not in (None, ""):
-        job_service.check_capacity(caller.r, job_service.need_of(req, caller.default_precision))  # 422 first
+        fleet = capacity.fleet(caller.r)
+        job_service.check_capacity(caller.r, job_service.need_of(req, caller.default_precision, fleet))  # 422 first
         data = reference if isinstance(reference, bytes) else job_inputs.from_data_url("input_reference", reference)
         images = job_inputs.check_images(req.task, {"first_frame": [("input_reference", data)]}, req.width,
                                          req.height)

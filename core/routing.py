@@ -41,6 +41,8 @@ TASKS = ("t2va", "fl2va", "ref2va")
 DEFAULT_TASK = "t2va"
 RELEASE_KINDS = ("v2", "native")
 """`v2`: FastH3 8-Step V2 (served today); `native`: the MiniMax-H3 release layout."""
+NATIVE_MIN_SECONDS = 5.0
+"""Shortest clip of the native release (diffusers' `MiniMaxH3ModularPipeline.min_duration`); V2 renders from 4 s."""
 
 ROWS_STEP_RATIO = 2 ** 0.25
 MIN_REQUEST_ROWS = RequestGeometry(32, 32, 4.0).capacity_rows
@@ -89,17 +91,19 @@ def all_queues() -> list[str]:
 
 @dataclass(frozen=True)
 class Need:
-    """What a job needs from a worker: its task, its precision and its rows."""
+    """What a job needs from a worker: its task, its precision, its rows and its duration (the native release
+    renders no clip under `NATIVE_MIN_SECONDS`)."""
 
     task: str
     precision: str
     rows: int
+    seconds: float = 0.0
 
     @classmethod
     def of(cls, width: int, height: int, seconds: float, *, task: str | None = None,
            precision: str | None = None) -> "Need":
         return cls(task or DEFAULT_TASK, precision or DEFAULT_PRECISION,
-                   RequestGeometry(width, height, float(seconds)).capacity_rows)
+                   RequestGeometry(width, height, float(seconds)).capacity_rows, float(seconds))
 
     @property
     def queue(self) -> str:
@@ -107,7 +111,19 @@ class Need:
 
     def served_by(self, cap: "Capability") -> bool:
         return (self.task in cap.tasks and self.precision == cap.precision
-                and self.rows <= served_rows(cap.max_rows))
+                and self.rows <= served_rows(cap.max_rows) and self.long_enough_for(cap))
+
+    def long_enough_for(self, cap: "Capability") -> bool:
+        """A native release renders 5-15 s (diffusers' `MiniMaxH3ModularPipeline.min_duration`); V2 from 4 s."""
+        return cap.release_kind != "native" or self.seconds == 0.0 or self.seconds >= NATIVE_MIN_SECONDS
+
+
+def shortest_served(task: str, caps: Sequence["Capability"]) -> float:
+    """The shortest clip every worker of `caps` serving `task` renders: `NATIVE_MIN_SECONDS` when they all run the
+    native release, else 0 (no floor beyond the request contract's 4 s). A job that names no `seconds` gets
+    at least this, so a plain request to a native fleet renders instead of being refused."""
+    kinds = {c.release_kind for c in caps if task in c.tasks}
+    return NATIVE_MIN_SECONDS if kinds == {"native"} else 0.0
 
 
 def queue_of(record: Mapping[str, Any]) -> str:
@@ -172,6 +188,12 @@ def refusal(need: Need, caps: Sequence[Capability], *, live: bool, age_s: float 
         f"no worker is live; the workers seen within the last {defaults.CAPACITY_MEMORY_S} s served: "
         f"{fleet_text(caps)}")
     same = [c for c in caps if need.task in c.tasks and c.precision == need.precision]
+    if same and not any(need.long_enough_for(c) for c in same):
+        return "no_capable_worker", (
+            f"seconds: {need.seconds:g} s is shorter than the native MiniMax-H3 release renders ({NATIVE_MIN_SECONDS:g} "
+            f"to 15 s), and every worker that serves {need.task} in {need.precision} runs it; ask for "
+            f"{NATIVE_MIN_SECONDS:g} s or more ({fleet})")
+    same = [c for c in same if need.long_enough_for(c)]
     if same:
         largest = max(served_rows(c.max_rows) for c in same)
         return "exceeds_worker_capacity", (

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from h3batch.core import routing
 from h3batch.core.geometry import RequestGeometry, check_canvas_area
 from h3batch.worker.h3 import base_vae_fetch, contract, decode, mp4, packing, release_ref, vae_checkpoint_convert
 from h3batch.worker.h3 import memory_plan as memory_plan
@@ -90,8 +91,7 @@ LEGACY_PLAN_SPARSITY = 0.5
 """Any sparsity < 1 builds the VSA plan that H3BATCH_ADAPTER's fixed top-k then overrides."""
 IMPLEMENTED_TASKS = {"v2": ("t2va",), "native": ("t2va", "fl2va", "ref2va")}
 """The tasks this pipeline renders per release kind (a release's layout may hold more: `info.tasks`)."""
-NATIVE_MIN_SECONDS = 5.0
-"""Shortest clip of the native release (diffusers' `MiniMaxH3ModularPipeline.min_duration`); V2 renders from 4 s."""
+NATIVE_MIN_SECONDS = routing.NATIVE_MIN_SECONDS  # the API refuses shorter native jobs at submission too
 NATIVE_RANKS_REFUSAL = ("H3BATCH_RANKS={ranks}: a native MiniMax-H3 release is served by one GPU per worker "
                         "(H3BATCH_RANKS=1); sequence-parallel rank groups serve FastH3 V2 releases only")
 

@@ -64,3 +64,19 @@ def test_refusals_name_what_is_missing_and_what_the_fleet_serves():
     assert code == "exceeds_worker_capacity" and "needs 20816 rows" in message and "fp8 is 8185 rows" in message
     code, message = routing.refusal(Need.of(1344, 768, 15.0), fleet, live=False, age_s=120)
     assert code == "exceeds_worker_capacity" and "a worker seen 120 s ago (none is live now)" in message
+
+
+def test_a_clip_shorter_than_the_native_release_renders_is_refused_unless_a_v2_worker_serves_it():
+    """The native release renders 5-15 s: a 4.4 s job on a native-only fleet is refused at submission (it used to be
+    accepted and fail on the worker), while a fleet with a V2 worker for the task serves it."""
+    native = Capability(max_rows=40_000, release_kind="native", tasks=("t2va", "fl2va"))
+    code, message = routing.refusal(Need.of(256, 128, 4.4), [native], live=True)
+    assert code == "no_capable_worker"
+    assert message.startswith("seconds: 4.4 s is shorter than the native MiniMax-H3 release renders (5 to 15 s)")
+    assert routing.refusal(Need.of(256, 128, 5.0), [native], live=True) is None
+    assert routing.refusal(Need.of(256, 128, 4.4), [native, Capability(max_rows=40_000)], live=True) is None
+    code, message = routing.refusal(Need.of(1344, 768, 4.4, task="fl2va"), [native], live=True)
+    assert code == "no_capable_worker" and message.startswith("seconds: 4.4 s")
+    small = Capability(max_rows=3000, release_kind="native")  # long enough, too large: the size is what it says
+    code, message = routing.refusal(Need.of(1344, 768, 8.0), [small], live=True)
+    assert code == "exceeds_worker_capacity"
