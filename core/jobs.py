@@ -343,8 +343,11 @@ def update_progress(r: redis.Redis, job_id: str, attempt: int, fields: dict[str,
                 if "stage" in encoded and encoded["stage"] != stage:
                     _emit(pipe, job_id, "stage", {"stage": encoded["stage"]})
                 if "progress" in fields:
-                    _emit(pipe, job_id, "progress", {"stage": encoded.get("stage", stage),
-                                                     "step": fields.get("step"), "progress": fields["progress"]})
+                    event = {"stage": encoded.get("stage", stage), "step": fields.get("step"),
+                             "progress": fields["progress"]}
+                    if "total_steps" in fields:  # once, when the worker learns the release's step count
+                        event["total_steps"] = fields["total_steps"]
+                    _emit(pipe, job_id, "progress", event)
                 pipe.execute()
                 return True
             except redis.WatchError:

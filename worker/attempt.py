@@ -213,6 +213,8 @@ class Attempt:
         fields: dict[str, Any] = {"stage": stage, "progress": round(self.progress, 4)}
         if stage == Stage.DENOISE.value:
             fields["step"] = step
+            if total != self.record.get("total_steps"):  # the release's grid: 8 on V2, 49 on the native release
+                fields["total_steps"] = self.record["total_steps"] = total
         elif stage in (Stage.DECODE.value, Stage.MUX.value):
             fields["step"] = self.record["total_steps"]
         jobs.update_progress(self.res.r, self.job_id, self.number, fields)

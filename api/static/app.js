@@ -207,12 +207,13 @@ const H3 = (() => {
       const response = await api("/jobs/" + encodeURIComponent(job.id) + "/cancel", {method: "POST"});
       if (!response.ok && response.status !== 409) say(await errorText(response), true);
     };
+    let totalSteps = job.total_steps || 8;  // the worker sends the release's count with its first denoise step
     const show = (status, stage, progress, step) => {
       $("current-status").textContent = status;
       $("current-status").className = "badge " + status;
       if (progress != null) $("progress").value = Math.round(progress * 100);
       $("current-stage").textContent = status === "queued" ? queuedText :
-        stage ? "stage " + stage + (step ? " · step " + step + "/8" : "") : "";
+        stage ? "stage " + stage + (step ? " · step " + step + "/" + totalSteps : "") : "";
     };
     // While queued the event stream is quiet: the place in line comes from a look at the job every 1.5 s.
     const placeText = (j) => "queued" + (j.queue_position ? " · position " + j.queue_position + " in line" : "");
@@ -229,6 +230,7 @@ const H3 = (() => {
     let status = job.status;
     const final = await followEvents(job.id, (name, data) => {
       if (data.status) status = data.status;
+      if (data.total_steps) totalSteps = data.total_steps;
       show(TERMINAL.has(name) ? name : status, data.stage, data.progress, data.step);
     });
     clearInterval(lookAtQueue);

@@ -58,6 +58,9 @@ def finished(stack: Stack, job_id: str) -> dict:
 def assert_clip(stack: Stack, job_id: str, tmp_path) -> None:
     job = finished(stack, job_id)
     assert job["status"] == "completed", job
+    # The record counts the release's forwards (the tiny release's grid: 4 points, 3 forwards), not V2's 8.
+    grid = json.loads((stack.release / "h3batch_sampling.json").read_text())["num_inference_steps"]
+    assert job["step"] == job["total_steps"] == grid - 1, job
     body = requests.get(f"{stack.api.base}/jobs/{job_id}/content", timeout=30)
     assert body.status_code == 200
     out = tmp_path / f"{job_id}.mp4"
