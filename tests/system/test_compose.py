@@ -155,3 +155,15 @@ def test_s3_profile_runs_a_minio_whose_bucket_and_keys_the_api_and_worker_use(co
                     "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
             assert var in env, f"{name} lacks {var}"
     assert "H3BATCH_ARTIFACT_REDIRECT" in services["api"]["environment"]
+
+
+def test_the_project_stage_copies_every_package_folder_pyproject_names():
+    """The wheel is built from the folders pyproject's package-dir maps; one not copied into the build stage fails
+    the image build ('package directory ... does not exist'), as `client/` did when P7 added it."""
+    import tomllib  # noqa: PLC0415
+
+    package_dir = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    stage = dockerfile.split(" AS project\n", 1)[1].split("\nFROM ", 1)[0]
+    copied = set(re.findall(r"^COPY\s+(?!--from)(\S+)\s+\./\1$", stage, flags=re.MULTILINE))
+    assert set(package_dir.values()) <= copied, sorted(set(package_dir.values()) - copied)
