@@ -16,7 +16,7 @@ from h3batch.api.redis_client import get_redis
 from h3batch.api.schemas import CreateJob, job_view
 from h3batch.api.wait import POLL_S, wait_for_finish
 from h3batch.core import capacity, defaults, keys
-from h3batch.core.jobs import FINISHED, TERMINAL_EVENTS, JobStatus, load_job
+from h3batch.core.jobs import FINISHED, TERMINAL_EVENTS, JobStatus, eta_s, load_job, typical_render_s
 
 bp = Blueprint("jobs", __name__)
 log = logging.getLogger("h3batch.api")
@@ -35,6 +35,18 @@ _STREAM_ID_MAX = 2**64 - 1
 """Each half of a Redis stream id is an unsigned 64-bit integer; a larger one makes XREAD fail mid-stream."""
 """An SSE comment line at least this often keeps proxies from closing an idle event stream."""
 _EVENT_BLOCK_MS = int(POLL_S * 1000)  # one XREAD BLOCK; between two looks at the client's connection
+def _view(record: dict, position: int | None) -> dict:
+    """`job_view` with the job's ETA (core/jobs.eta_s) while it is queued or running."""
+    if record["status"] in _FINISHED:
+        return job_view(record, position)
+    if "eta_inputs" not in g:  # read once per request, however many jobs a list page shows
+        r = get_redis()
+        fleet = capacity.fleet(r)
+        g.eta_inputs = {"typical_s": typical_render_s(r), "workers": len(fleet.capabilities) if fleet and fleet.live
+                        else 0}
+    return job_view(record, position, eta_s(record, position, now=time.time(), **g.eta_inputs))
+
+
 def _validated(body: dict) -> CreateJob:
     """The create body as CreateJob. 400 naming the first bad field (unsupported_parameter for unknown ones)."""
     return job_service.validate_create(body, max_prompt_chars=current_app.config["MAX_PROMPT_CHARS"],
@@ -59,7 +71,7 @@ def _requested_wait() -> float:
 
 
 def _reply(record: dict, status: int):
-    response = job_http.job_reply(record, status, job_view, POLL_AFTER_MS)
+    response = job_http.job_reply(record, status, _view, POLL_AFTER_MS)
     if g.get("wait_skipped"):
         response.headers["h3batch-wait"] = "skipped: wait slots full; the job as it is now"
     return response
@@ -130,7 +142,7 @@ def get(job_id: str):
 def index():
     """Jobs newest first (`order=asc` for oldest), cursor `after=<id>`, `limit` 1..100, `status` filter."""
     limit = job_service.page_limit(request.args.get("limit", str(defaults.LIST_DEFAULT_LIMIT)))
-    return jsonify(job_service.list_page(job_http.caller(), JOBS, job_view, limit=limit,
+    return jsonify(job_service.list_page(job_http.caller(), JOBS, _view, limit=limit,
                                          after=request.args.get("after"), order=request.args.get("order", "desc"),
                                          status=request.args.get("status")))
 

@@ -249,6 +249,10 @@ class Job(BaseModel):
     step: int = Field(description="Denoise step done, 0..total_steps.")
     total_steps: int
     queue_position: int | None = Field(None, description="1 = next to start; null unless queued.")
+    eta_s: float | None = Field(None, description="Estimated seconds until the job finishes, for a person watching: "
+                                                  "from its own progress while running; from its place in line, the "
+                                                  "live workers and the mean completed job while queued. Null when "
+                                                  "there is nothing to go on, and once finished.")
     prompt: str
     seconds: float
     width: int
@@ -294,7 +298,7 @@ class JobList(BaseModel):
     has_more: bool
 
 
-def job_view(record: dict[str, Any], queue_position: int | None) -> dict[str, Any]:
+def job_view(record: dict[str, Any], queue_position: int | None, eta_s: float | None = None) -> dict[str, Any]:
     """The public JSON of a record (private fields such as owner and sha256 left out)."""
     job_id = record["id"]
     started, created, finished = record.get("started_at"), record["created_at"], record.get("finished_at")
@@ -302,7 +306,7 @@ def job_view(record: dict[str, Any], queue_position: int | None) -> dict[str, An
     view = Job(
         id=job_id, status=record["status"], stage=record["stage"], progress=record.get("progress") or 0.0,
         step=record.get("step") or 0, total_steps=record.get("total_steps") or defaults.TOTAL_STEPS,
-        queue_position=queue_position if record["status"] == "queued" else None,
+        queue_position=queue_position if record["status"] == "queued" else None, eta_s=eta_s,
         prompt=record.get("prompt", ""), seconds=record["seconds"], width=record["width"], height=record["height"],
         seed=record["seed"], release=record.get("release"), release_id=record.get("release_id"),
         task=record.get("task") or routing.DEFAULT_TASK, precision=record.get("precision") or routing.DEFAULT_PRECISION,

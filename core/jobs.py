@@ -242,6 +242,34 @@ def queue_position(r: redis.Redis, job_id: str) -> int | None:
     return None if rank is None else int(rank) + 1
 
 
+def typical_render_s(r: redis.Redis) -> float | None:
+    """Seconds a completed job took, on average over this service's life: the stage histogram's sums (one
+    observation per stage per completed job, core/metrics.py) over the denoise count. None before any job completed."""
+    stage_key = keys.metrics_histogram(metrics.STAGE_HISTOGRAM)
+    fields = [f"{stage}{metrics.SEP}sum" for stage in metrics.STAGES] + [f"denoise{metrics.SEP}count"]
+    *sums, count = r.hmget(stage_key, fields)
+    if not count or int(count) < 1:
+        return None
+    return sum(float(v) for v in sums if v is not None) / int(count)
+
+
+def eta_s(record: dict[str, Any], position: int | None, *, typical_s: float | None, workers: int,
+          now: float) -> float | None:
+    """Seconds until the job is likely finished, an estimate for a person watching; None when there is nothing to
+    go on. Running: the time since it started, scaled by what is left of its progress (None before its first
+    progress). Queued: the jobs ahead of it and itself, in rounds of `workers` at `typical_s` each (None before a
+    job has completed or with no live worker). A finished job: None."""
+    status = record.get("status")
+    if status == JobStatus.IN_PROGRESS.value:
+        progress, started = record.get("progress") or 0.0, record.get("started_at")
+        if started is None or not 0.0 < progress < 1.0:
+            return None
+        return round(max(0.0, now - float(started)) * (1.0 - progress) / progress, 1)
+    if status == JobStatus.QUEUED.value and position is not None and typical_s is not None and workers > 0:
+        return round(-(-position // workers) * typical_s, 1)
+    return None
+
+
 def queued_count(r: redis.Redis) -> int:
     """Jobs queued now, held batch items included (what the queue cap counts)."""
     return int(r.zcard(keys.BACKLOG))

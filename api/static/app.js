@@ -208,23 +208,33 @@ const H3 = (() => {
       if (!response.ok && response.status !== 409) say(await errorText(response), true);
     };
     let totalSteps = job.total_steps || 8;  // the worker sends the release's count with its first denoise step
+    let stageText = "", etaText = "";
+    const line = () => { $("current-stage").textContent = stageText + etaText; };
     const show = (status, stage, progress, step) => {
       $("current-status").textContent = status;
       $("current-status").className = "badge " + status;
       if (progress != null) $("progress").value = Math.round(progress * 100);
-      $("current-stage").textContent = status === "queued" ? queuedText :
+      stageText = status === "queued" ? queuedText :
         stage ? "stage " + stage + (step ? " · step " + step + "/" + totalSteps : "") : "";
+      line();
     };
-    // While queued the event stream is quiet: the place in line comes from a look at the job every 1.5 s.
+    // The event stream carries stages and steps; the place in line and the ETA (the server's estimate, eta_s)
+    // come from a look at the job every 1.5 s until it finishes.
     const placeText = (j) => "queued" + (j.queue_position ? " · position " + j.queue_position + " in line" : "");
+    const etaOf = (j) => (j.eta_s == null ? "" : " · about " + fmtEta(j.eta_s) + " left");
     let queuedText = placeText(job);
-    const lookAtQueue = setInterval(async () => {
+    etaText = etaOf(job);
+    const lookAtJob = setInterval(async () => {
       const response = await api("/jobs/" + encodeURIComponent(job.id));
       if (!response.ok) return;
       const now = await json(response);
-      if (now.status !== "queued") { clearInterval(lookAtQueue); return; }
-      queuedText = placeText(now);
-      if ($("current-status").textContent === "queued") $("current-stage").textContent = queuedText;
+      if (TERMINAL.has(now.status)) { clearInterval(lookAtJob); return; }
+      etaText = etaOf(now);
+      if (now.status === "queued") {
+        queuedText = placeText(now);
+        if ($("current-status").textContent === "queued") stageText = queuedText;
+      }
+      line();
     }, 1500);
     show(job.status, job.stage, job.progress);
     let status = job.status;
@@ -233,7 +243,8 @@ const H3 = (() => {
       if (data.total_steps) totalSteps = data.total_steps;
       show(TERMINAL.has(name) ? name : status, data.stage, data.progress, data.step);
     });
-    clearInterval(lookAtQueue);
+    clearInterval(lookAtJob);
+    etaText = "";
     const done = await json(await api("/jobs/" + job.id));
     cancel.hidden = true;
     show(done.status, null, done.progress);

@@ -45,6 +45,16 @@ WEBHOOK_ENV = {"H3BATCH_WEBHOOK_SECRET": WEBHOOK_SECRET, "H3BATCH_WEBHOOK_ALLOW_
                "H3BATCH_WEBHOOK_TIMEOUT_S": "3"}
 
 
+@pytest.fixture(scope="module")
+def app_redis(tmp_path_factory) -> str:
+    """A private redis-server per test module, for tests that drive the app in process (create_app's test client)
+    against a real Redis, with no worker: the module's tests flush it as they need."""
+    proc, url = start_redis(tmp_path_factory.mktemp("app-redis"))
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
 @pytest.fixture(scope="session")
 def compat_redis_url(tmp_path_factory) -> str:
     proc, url = start_redis(tmp_path_factory.mktemp("compat-redis"))

@@ -11,18 +11,9 @@ from h3batch.api import create_app
 from h3batch.core import capacity, keys
 from h3batch.core.loras import policy_of
 from h3batch.core.routing import Capability
-from tests.conftest import start_redis
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 ALLOW = (f"style=acme/h3-style@{COMMIT}", "ink=/srv/loras/ink")
-
-
-@pytest.fixture(scope="module")
-def app_redis(tmp_path_factory):
-    proc, url = start_redis(tmp_path_factory.mktemp("loras-redis"))
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 @pytest.fixture

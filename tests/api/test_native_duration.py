@@ -13,15 +13,6 @@ import redis
 from h3batch.api import create_app
 from h3batch.core import capacity, keys
 from h3batch.core.routing import Capability
-from tests.conftest import start_redis
-
-
-@pytest.fixture(scope="module")
-def app_redis(tmp_path_factory):
-    proc, url = start_redis(tmp_path_factory.mktemp("duration-redis"))
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 @pytest.fixture

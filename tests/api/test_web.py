@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.api.conftest import KEY_A
+from tests.api.conftest import KEY_A, wait_job
 from tests.service_stack import REPO
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -21,6 +21,8 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
 
 SCREENSHOT_DIR = REPO / "docs" / "img"
 """With H3BATCH_UPDATE_SCREENSHOTS=1 the screenshots are written here (committed); else only to tmp."""
+HANG_S = 600
+"""Every wait for the page is a hang guard, far above a loaded machine's time (renders queue behind each other)."""
 BIG_SEED = 2**53 + 1
 """A seed JavaScript cannot hold as a Number (9007199254740993 would become ...992)."""
 
@@ -57,7 +59,7 @@ def test_submit_progress_video_and_gallery(stack, browser, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(browser, 90, poll_frequency=0.05)
+    wait = WebDriverWait(browser, HANG_S, poll_frequency=0.05)
     browser.get(stack.base + "/")
     wait.until(lambda d: d.find_element(By.ID, "key-form").is_displayed())  # the gallery call got 401
     assert "API key" in browser.find_element(By.ID, "message").text
@@ -123,7 +125,7 @@ def test_sweeps_page_lists_sweeps(compat_api, browser):
     browser.get(compat_api.base + "/ui/sweeps")
     browser.execute_script("localStorage.setItem('h3batch.apiKey', arguments[0])", KEY_A)
     browser.refresh()
-    wait = WebDriverWait(browser, 20)
+    wait = WebDriverWait(browser, HANG_S)
     wait.until(lambda d: d.find_element(By.ID, "sweeps").text.strip())
     assert browser.find_element(By.ID, "sweeps").text.strip() == "No sweeps yet."
     assert not browser.find_element(By.ID, "key-form").is_displayed()
@@ -141,7 +143,7 @@ def test_batch_upload_progress_items_and_archive(stack, browser, tmp_path):
     browser.get(stack.base + "/ui/batches")
     browser.execute_script("localStorage.setItem('h3batch.apiKey', arguments[0])", KEY_A)
     browser.refresh()
-    wait = WebDriverWait(browser, 90, poll_frequency=0.05)
+    wait = WebDriverWait(browser, HANG_S, poll_frequency=0.05)
     wait.until(lambda d: d.find_element(By.ID, "batches").text.strip())  # GET /batches answered with the key
 
     canvas = {"width": 128, "height": 64, "seconds": 4}
@@ -168,7 +170,7 @@ def test_batch_upload_progress_items_and_archive(stack, browser, tmp_path):
         seen.add(int(d.find_element(By.ID, "batch-progress").get_attribute("value")))
         return d.find_element(By.ID, "batch-status").text in ("completed", "cancelled")
 
-    WebDriverWait(browser, 600, poll_frequency=0.05).until(finished)  # two renders on a loaded box: minutes
+    WebDriverWait(browser, HANG_S, poll_frequency=0.05).until(finished)  # two renders on a loaded box: minutes
     assert browser.find_element(By.ID, "batch-status").text == "completed"
     assert browser.find_element(By.ID, "batch-progress").get_attribute("value") == "100"
     assert "2/2 done" in browser.find_element(By.ID, "batch-counts").text
@@ -203,7 +205,7 @@ def test_batch_upload_progress_items_and_archive(stack, browser, tmp_path):
 
 
 def test_cancel_and_download_buttons(stack, browser):
-    """A job queued behind three renders shows its place in line and a cancel button that cancels it (badge
+    """A job queued behind three renders shows its place in line, its ETA and a cancel button that cancels it (badge
     `cancelled`, button gone);
     a job that completes offers its MP4 as a download (a blob of the video, named after the job), and so does each
     gallery clip."""
@@ -211,7 +213,10 @@ def test_cancel_and_download_buttons(stack, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(browser, 120, poll_frequency=0.05)
+    wait = WebDriverWait(browser, HANG_S, poll_frequency=0.05)
+    done = requests.post(f"{stack.base}/jobs", json={"prompt": "a job done first", "width": 256, "height": 128},
+                         headers={"Authorization": f"Bearer {KEY_A}"}, timeout=60)
+    assert wait_job(stack.base, done.json()["id"])["status"] == "completed"  # a measured job time for the ETA
     browser.get(stack.base + "/")
     browser.execute_script("localStorage.setItem('h3batch.apiKey', arguments[0])", KEY_A)
     browser.get(stack.base + "/")
@@ -224,6 +229,7 @@ def test_cancel_and_download_buttons(stack, browser):
     wait.until(lambda d: d.find_element(By.ID, "current-cancel").is_displayed())
     assert browser.find_element(By.ID, "current-status").text == "queued"  # behind the blockers
     assert "queued · position" in browser.find_element(By.ID, "current-stage").text
+    assert " left" in browser.find_element(By.ID, "current-stage").text  # "… · about 3s left": the server's eta_s
     browser.find_element(By.ID, "current-cancel").click()
     # the badge follows the event; the button goes once the page has read the final record (a request later)
     wait.until(lambda d: d.find_element(By.ID, "current-status").text == "cancelled"
@@ -278,7 +284,7 @@ def test_first_and_last_frame_drop_preview_and_send_as_fl2va(stack, browser, tmp
     browser.get(stack.base + "/")
     browser.execute_script("localStorage.setItem('h3batch.apiKey', arguments[0])", KEY_A)
     browser.refresh()
-    wait = WebDriverWait(browser, 30, poll_frequency=0.05)
+    wait = WebDriverWait(browser, HANG_S, poll_frequency=0.05)
     for input_id, path in zip(("first-frame", "last-frame"), frames):
         browser.find_element(By.ID, input_id).send_keys(str(path))
         preview = browser.find_element(By.ID, f"{input_id}-preview")
@@ -294,3 +300,63 @@ def test_first_and_last_frame_drop_preview_and_send_as_fl2va(stack, browser, tmp
         "no worker" in browser.find_element(By.ID, "message").text
     assert rc.zcard("h3b:jobs") == jobs_before
     _shot(browser, tmp_path, "web-keyframes.png")
+
+
+def _tab_to(browser, element_id: str, presses: int = 60) -> list[str]:
+    """Press Tab until `element_id` has the focus; the ids (or tag names) passed on the way. Fails if never."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    passed = []
+    for _ in range(presses):
+        ActionChains(browser).send_keys(Keys.TAB).perform()
+        focused = browser.execute_script("const e = document.activeElement; return e.id || e.tagName.toLowerCase();")
+        passed.append(focused)
+        if focused == element_id:
+            return passed
+    raise AssertionError(f"Tab never reached #{element_id}; it went {passed}")
+
+
+def test_readable_at_375_px_and_usable_from_the_keyboard(stack, browser, tmp_path):
+    """At a phone's 375 px width no page scrolls sideways; from the keyboard alone (Tab, typing, Enter) a prompt is
+    submitted, its download link and a gallery clip's play button are reached and work, and the focused control
+    shows a focus outline. Screenshots: docs/img/web-narrow-generate.png, web-narrow-batches.png."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                            {"width": 375, "height": 812, "deviceScaleFactor": 1, "mobile": True})
+    wait = WebDriverWait(browser, HANG_S, poll_frequency=0.05)
+    browser.get(stack.base + "/")
+    browser.execute_script("localStorage.setItem('h3batch.apiKey', arguments[0])", KEY_A)
+    overflow = "return [document.documentElement.scrollWidth, window.innerWidth];"
+    for page in ("/ui/batches", "/ui/sweeps", "/"):
+        browser.get(stack.base + page)
+        wait.until(lambda d: d.execute_script("return document.readyState") == "complete")
+        scroll_width, width = browser.execute_script(overflow)
+        assert width == 375 and scroll_width <= width, (page, scroll_width, width)
+        if page == "/ui/batches":
+            _shot(browser, tmp_path, "web-narrow-batches.png")
+
+    _tab_to(browser, "prompt")
+    ActionChains(browser).send_keys("Lanterns over a night market, a crowd murmuring").perform()
+    _tab_to(browser, "submit")
+    outline = browser.execute_script("return getComputedStyle(document.activeElement).outlineStyle;")
+    assert outline != "none"
+    ActionChains(browser).send_keys(Keys.ENTER).perform()
+    wait.until(lambda d: d.find_element(By.ID, "current-status").text in ("completed", "failed", "cancelled")
+               and d.find_element(By.ID, "current-download").is_displayed())
+    assert browser.find_element(By.ID, "current-status").text == "completed"
+    assert browser.execute_script(overflow)[0] <= 375  # the player and the clip's facts fit too
+    _tab_to(browser, "current-download")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#gallery button.play"))
+    plays = "return [...document.querySelectorAll('#gallery button.play')];"
+    first = browser.execute_script(plays)[0]
+    browser.execute_script("arguments[0].setAttribute('id', 'first-play')", first)
+    _tab_to(browser, "first-play", presses=120)
+    ActionChains(browser).send_keys(Keys.ENTER).perform()
+    wait.until(lambda d: d.execute_script("return document.querySelector('#gallery video').src.startsWith('blob:')"))
+    browser.execute_script("document.getElementById('current').scrollIntoView()")  # the finished job, its player
+    _shot(browser, tmp_path, "web-narrow-generate.png")
