@@ -186,10 +186,7 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
         # the same request (the first attempt's outcome is replayed).
         canonical.append({**req.model_dump(mode="json"), "custom_id": custom_id, **job_inputs.fingerprint(images)})
         if unserved is not None:  # as POST /jobs answers 422 exceeds_worker_capacity / no_capable_worker
-            code, message = unserved
-            field = "body" if code == "exceeds_worker_capacity" else next(
-                (f for f in ("task", "seconds") if message.startswith(f)), "precision")
-            over.append({"line": line, "field": field, "message": f"{code}: {message}"})
+            over.append({"line": line, "field": unserved.field, "message": f"{unserved.code}: {unserved.message}"})
             continue
         why = job_service.lora_base_refusal(fleet, req)
         if why is not None:  # as POST /jobs answers 422 lora_base_mismatch

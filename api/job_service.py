@@ -137,11 +137,16 @@ def expire_if_due(caller: Caller, record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
+UNREAD = object()
+"""`fleet` not read yet: read it from Redis (a view that checked a request early passes the fleet it read)."""
+
+
 def create_job(caller: Caller, req: CreateJob, words: Vocabulary, idempotency_key: str | None,
-               fingerprint: str, images: list | None = None) -> tuple[dict[str, Any], bool]:
+               fingerprint: str, images: list | None = None,
+               fleet: capacity.Fleet | None | object = UNREAD) -> tuple[dict[str, Any], bool]:
     """Queue a render; returns (record, replayed). With an Idempotency-Key, a retry of a create that already made
     its job replays it; one whose job is gone (deleted, expired) creates afresh (api/idempotency.py); 409/422 from
-    idempotency.claim."""
+    idempotency.claim. `fleet`: what capacity.fleet gave the view's early check, so it is read once a request."""
     held = None
     while idempotency_key is not None:
         held = idempotency.claim(caller.r, caller.owner, idempotency_key, fingerprint,
@@ -153,7 +158,7 @@ def create_job(caller: Caller, req: CreateJob, words: Vocabulary, idempotency_ke
             return record, True
         # deleted between the claim's look and this read: claim again, which now takes the key over
     try:
-        record = _create_and_enqueue(caller, req, words.api, images or [])
+        record = _create_and_enqueue(caller, req, words.api, images or [], fleet)
     except BaseException:
         if held is not None:
             idempotency.release(caller.r, held)
@@ -170,15 +175,16 @@ def check_timeout(caller: Caller, req: CreateJob) -> None:
                          f"(H3BATCH_MAX_JOB_TIMEOUT_S), found {req.timeout_s:g}", "timeout_s")
 
 
-def _create_and_enqueue(caller: Caller, req: CreateJob, api: str, images: list) -> dict[str, Any]:
+def _create_and_enqueue(caller: Caller, req: CreateJob, api: str, images: list,
+                        fleet: capacity.Fleet | None | object = UNREAD) -> dict[str, Any]:
     """Write the queued record, then send its message; a refused message fails the job (never left queued).
     `images` (api/job_inputs.py, already checked) are stored under the job's id before its record exists, and
     removed again when the record is refused. 422 exceeds_worker_capacity / no_capable_worker, 400/422 webhook_url
     refused, 429 too_many_active_jobs, 503 queue_full or storage_unavailable."""
     check_timeout(caller, req)
-    fleet = capacity.fleet(caller.r)
+    fleet = capacity.fleet(caller.r) if fleet is UNREAD else fleet
     need = need_of(req, caller.default_precision, fleet)
-    check_capacity(caller.r, need)  # before anything is written
+    check_capacity(fleet, need)  # before anything is written
     check_lora_base(fleet, req)
     if req.webhook_url is not None:
         caller.vet_webhook_url(req.webhook_url)  # before anything is written
@@ -253,17 +259,18 @@ def need_of(req: CreateJob, default_precision: str, fleet: capacity.Fleet | None
     created with `need.seconds`."""
     seconds = float(req.seconds)
     if "seconds" not in req.model_fields_set and fleet is not None:
-        seconds = max(seconds, routing.shortest_served(req.task, fleet.capabilities))
+        seconds = max(seconds, routing.shortest_served(req.task, fleet.capabilities,
+                                                       req.precision or default_precision))
     return routing.Need.of(req.width, req.height, seconds, task=req.task, precision=req.precision or default_precision)
 
 
-def check_capacity(r: redis.Redis, need: routing.Need) -> None:
+def check_capacity(fleet: capacity.Fleet | None, need: routing.Need) -> None:
     """422 when no worker serves `need` (core/capacity.py: the live workers' capabilities; with none live, the last
     ones known): exceeds_worker_capacity (too large for every worker of its task and precision) or
     no_capable_worker (task or precision not served). Nothing known: only the release's own task is accepted."""
-    refused = over_capacity(capacity.fleet(r), need)
+    refused = over_capacity(fleet, need)
     if refused is not None:
-        raise ApiError(422, refused[0], refused[1], False)
+        raise ApiError(422, refused.code, refused.message, False)
 
 
 def lora_base_refusal(fleet: capacity.Fleet | None, req: CreateJob) -> str | None:
@@ -283,13 +290,13 @@ def check_lora_base(fleet: capacity.Fleet | None, req: CreateJob) -> None:
         raise ApiError(422, loras.BASE_MISMATCH, f"loras: {why}", False)
 
 
-def over_capacity(fleet: capacity.Fleet | None, need: routing.Need) -> tuple[str, str] | None:
-    """(code, message) when no worker of `fleet` serves `need`, else None."""
+def over_capacity(fleet: capacity.Fleet | None, need: routing.Need) -> routing.Refusal | None:
+    """Why no worker of `fleet` serves `need`, else None."""
     if fleet is None:
         if need.task != routing.DEFAULT_TASK:
-            return "no_capable_worker", (f"task {need.task!r}: no worker is known to serve it (no worker has been "
-                                         f"seen within {defaults.CAPACITY_MEMORY_S} s; a worker of the release "
-                                         f"serves {routing.DEFAULT_TASK!r})")
+            return routing.Refusal("no_capable_worker", (
+                f"task {need.task!r}: no worker is known to serve it (no worker has been seen within "
+                f"{defaults.CAPACITY_MEMORY_S} s; a worker of the release serves {routing.DEFAULT_TASK!r})"), "task")
         return None
     return fleet.refusal(need)
 

@@ -108,14 +108,15 @@ def create():
         body, raw = job_inputs.split_json(body)
     req = _validated(body)
     caller = job_http.caller()
+    fleet = job_service.UNREAD
     if raw or req.task != "t2va":  # a task no worker serves is 422 before its images are looked at
         fleet = capacity.fleet(caller.r)
-        job_service.check_capacity(caller.r, job_service.need_of(req, caller.default_precision, fleet))
+        job_service.check_capacity(fleet, job_service.need_of(req, caller.default_precision, fleet))
     images = job_inputs.check_images(req.task, raw, req.width, req.height)  # nothing is stored on a refusal
     wait_s = _requested_wait()
     record, replayed = job_service.create_job(
         caller, req, JOBS, idempotency.parse_key(request.headers.get("Idempotency-Key")),
-        idempotency.fingerprint({**req.model_dump(mode="json"), **job_inputs.fingerprint(images)}), images)
+        idempotency.fingerprint({**req.model_dump(mode="json"), **job_inputs.fingerprint(images)}), images, fleet)
     if not replayed and wait_s > 0:
         record = _wait(record["id"], wait_s) or record
     response = _reply(record, 200 if not replayed and record["status"] in _FINISHED else 202)

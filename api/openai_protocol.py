@@ -252,7 +252,8 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
     if fields.get("aspect_ratio") not in (None, ""):
         size["aspect_ratio"] = fields["aspect_ratio"]
     _as_text("user", fields.get("user"))  # OpenAI's end-user id: checked, then not used
-    return {"prompt": fields["prompt"], **({"seconds": seconds} if seconds is not None else {}), **size, "seed": ints.get("seed"),
+    return {"prompt": fields["prompt"], **({"seconds": seconds} if seconds is not None else {}), **size,
+            "seed": ints.get("seed"),
             "release": _as_text("release", fields.get("release")),
             **({"precision": fields["precision"]} if fields.get("precision") not in (None, "") else {}),
             "webhook_url": _as_text("webhook_url", fields.get("webhook_url")),

@@ -74,15 +74,17 @@ def create_video():
                     current_app.config.get("LORA_POLICY"))
     images = []
     caller = job_http.caller()
+    fleet = job_service.UNREAD
     if reference not in (None, ""):
         fleet = capacity.fleet(caller.r)
-        job_service.check_capacity(caller.r, job_service.need_of(req, caller.default_precision, fleet))  # 422 first
+        job_service.check_capacity(fleet, job_service.need_of(req, caller.default_precision, fleet))  # 422 first
         data = reference if isinstance(reference, bytes) else job_inputs.from_data_url("input_reference", reference)
         images = job_inputs.check_images(req.task, {"first_frame": [("input_reference", data)]}, req.width,
                                          req.height)
     record, replayed = job_service.create_job(
         caller, req, VIDEOS, idempotency.parse_key(request.headers.get("Idempotency-Key")),
-        idempotency.fingerprint({"v1": req.model_dump(mode="json"), **job_inputs.fingerprint(images)}), images)
+        idempotency.fingerprint({"v1": req.model_dump(mode="json"), **job_inputs.fingerprint(images)}), images,
+        fleet)
     response = _reply(record, 202)
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"

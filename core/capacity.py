@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import redis
 
 from h3batch.core import defaults, keys
-from h3batch.core.routing import Capability, Need, refusal
+from h3batch.core.routing import Capability, Need, Refusal, refusal
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,8 @@ class Fleet:
     live: bool  # True: workers whose heartbeat is fresh; False: last known (no worker live now)
     age_s: float  # seconds since the youngest heartbeat among them
 
-    def refusal(self, need: Need) -> tuple[str, str] | None:
-        """(code, message) when no worker here serves `need` (core/routing.refusal), else None."""
+    def refusal(self, need: Need) -> Refusal | None:
+        """Why no worker here serves `need` (core/routing.refusal), else None."""
         return refusal(need, self.capabilities, live=self.live, age_s=self.age_s)
 
 

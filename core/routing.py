@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from h3batch.core import defaults
 from h3batch.core.geometry import CONTRACT_MAX_ROWS, RequestGeometry
@@ -118,11 +118,12 @@ class Need:
         return cap.release_kind != "native" or self.seconds == 0.0 or self.seconds >= NATIVE_MIN_SECONDS
 
 
-def shortest_served(task: str, caps: Sequence["Capability"]) -> float:
-    """The shortest clip every worker of `caps` serving `task` renders: `NATIVE_MIN_SECONDS` when they all run the
-    native release, else 0 (no floor beyond the request contract's 4 s). A job that names no `seconds` gets
-    at least this, so a plain request to a native fleet renders instead of being refused."""
-    kinds = {c.release_kind for c in caps if task in c.tasks}
+def shortest_served(task: str, caps: Sequence["Capability"], precision: str | None = None) -> float:
+    """The shortest clip every worker of `caps` serving `task` (in `precision`, when given) renders:
+    `NATIVE_MIN_SECONDS` when they all run the native release, else 0 (no floor beyond the request contract's 4 s).
+    A job that names no `seconds` gets at least this, so a plain request to a native fleet renders instead of being
+    refused."""
+    kinds = {c.release_kind for c in caps if task in c.tasks and precision in (None, c.precision)}
     return NATIVE_MIN_SECONDS if kinds == {"native"} else 0.0
 
 
@@ -175,8 +176,17 @@ def fleet_text(caps: Sequence[Capability]) -> str:
     return "; ".join(c.describe() for c in seen) if seen else "nothing"
 
 
-def refusal(need: Need, caps: Sequence[Capability], *, live: bool, age_s: float = 0.0) -> tuple[str, str] | None:
-    """(error code, message) when no worker of `caps` serves `need`, None when one does.
+class Refusal(NamedTuple):
+    """Why no worker serves a request: the error code, its message, and the request field it names (`body` when
+    the request as a whole is too large)."""
+
+    code: str
+    message: str
+    field: str
+
+
+def refusal(need: Need, caps: Sequence[Capability], *, live: bool, age_s: float = 0.0) -> Refusal | None:
+    """Why no worker of `caps` serves `need`, None when one does.
 
     `exceeds_worker_capacity` when workers serve the task in that precision but none is large enough (the code
     this check always answered); `no_capable_worker` when none serves the task, or none in that precision.
@@ -189,19 +199,18 @@ def refusal(need: Need, caps: Sequence[Capability], *, live: bool, age_s: float 
         f"{fleet_text(caps)}")
     same = [c for c in caps if need.task in c.tasks and c.precision == need.precision]
     if same and not any(need.long_enough_for(c) for c in same):
-        return "no_capable_worker", (
-            f"seconds: {need.seconds:g} s is shorter than the native MiniMax-H3 release renders ({NATIVE_MIN_SECONDS:g} "
-            f"to 15 s), and every worker that serves {need.task} in {need.precision} runs it; ask for "
-            f"{NATIVE_MIN_SECONDS:g} s or more ({fleet})")
+        return Refusal("no_capable_worker", (
+            f"seconds: {need.seconds:g} s is shorter than the native MiniMax-H3 release renders "
+            f"({NATIVE_MIN_SECONDS:g} to 15 s), and every worker that serves {need.task} in {need.precision} runs it; ask for "
+            f"{NATIVE_MIN_SECONDS:g} s or more ({fleet})"), "seconds")
     same = [c for c in same if need.long_enough_for(c)]
     if same:
         largest = max(served_rows(c.max_rows) for c in same)
-        return "exceeds_worker_capacity", (
+        return Refusal("exceeds_worker_capacity", (
             f"this request needs {need.rows} rows ({need.task}, {need.precision}; video and audio rows plus the "
             f"text rows) and the largest request {who} serves in {need.task} {need.precision} is {largest} rows; "
-            f"ask for a smaller canvas or a shorter clip ({fleet})")
+            f"ask for a smaller canvas or a shorter clip ({fleet})"), "body")
     if not any(need.task in c.tasks for c in caps):
-        missing = f"task {need.task!r}: no worker serves it"
-    else:
-        missing = f"precision {need.precision!r} for task {need.task!r}: no worker renders it"
-    return "no_capable_worker", f"{missing} ({fleet})"
+        return Refusal("no_capable_worker", f"task {need.task!r}: no worker serves it ({fleet})", "task")
+    return Refusal("no_capable_worker", f"precision {need.precision!r} for task {need.task!r}: no worker renders it "
+                                        f"({fleet})", "precision")

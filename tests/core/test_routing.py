@@ -55,14 +55,16 @@ def test_a_capability_round_trips_and_an_old_entry_means_v2_t2va_bf16():
 def test_refusals_name_what_is_missing_and_what_the_fleet_serves():
     fleet = [Capability(max_rows=3000), Capability(max_rows=40_000), Capability(max_rows=9000, precision="fp8")]
     assert routing.refusal(Need.of(256, 128, 15.0), fleet, live=True) is None
-    code, message = routing.refusal(Need.of(256, 128, 15.0, precision="fp8"), fleet[:2], live=True)
+    code, message, field = routing.refusal(Need.of(256, 128, 15.0, precision="fp8"), fleet[:2], live=True)
     assert code == "no_capable_worker" and message.startswith("precision 'fp8' for task 't2va': no worker renders")
+    assert field == "precision"
     assert "the fleet serves: t2va bf16 up to 38923 rows (v2); t2va bf16 up to 2896 rows (v2)" in message
-    code, message = routing.refusal(Need.of(256, 128, 4.0, task="ref2va"), fleet, live=True)
-    assert code == "no_capable_worker" and message.startswith("task 'ref2va': no worker serves it")
-    code, message = routing.refusal(Need.of(768, 448, 8.0, precision="fp8"), fleet, live=True)
+    code, message, field = routing.refusal(Need.of(256, 128, 4.0, task="ref2va"), fleet, live=True)
+    assert code == "no_capable_worker" and message.startswith("task 'ref2va': no worker serves it") and field == "task"
+    code, message, field = routing.refusal(Need.of(768, 448, 8.0, precision="fp8"), fleet, live=True)
     assert code == "exceeds_worker_capacity" and "needs 20816 rows" in message and "fp8 is 8185 rows" in message
-    code, message = routing.refusal(Need.of(1344, 768, 15.0), fleet, live=False, age_s=120)
+    assert field == "body"
+    code, message, _ = routing.refusal(Need.of(1344, 768, 15.0), fleet, live=False, age_s=120)
     assert code == "exceeds_worker_capacity" and "a worker seen 120 s ago (none is live now)" in message
 
 
@@ -70,13 +72,22 @@ def test_a_clip_shorter_than_the_native_release_renders_is_refused_unless_a_v2_w
     """The native release renders 5-15 s: a 4.4 s job on a native-only fleet is refused at submission (it used to be
     accepted and fail on the worker), while a fleet with a V2 worker for the task serves it."""
     native = Capability(max_rows=40_000, release_kind="native", tasks=("t2va", "fl2va"))
-    code, message = routing.refusal(Need.of(256, 128, 4.4), [native], live=True)
-    assert code == "no_capable_worker"
+    code, message, field = routing.refusal(Need.of(256, 128, 4.4), [native], live=True)
+    assert code == "no_capable_worker" and field == "seconds"
     assert message.startswith("seconds: 4.4 s is shorter than the native MiniMax-H3 release renders (5 to 15 s)")
     assert routing.refusal(Need.of(256, 128, 5.0), [native], live=True) is None
     assert routing.refusal(Need.of(256, 128, 4.4), [native, Capability(max_rows=40_000)], live=True) is None
-    code, message = routing.refusal(Need.of(1344, 768, 4.4, task="fl2va"), [native], live=True)
+    code, message, _ = routing.refusal(Need.of(1344, 768, 4.4, task="fl2va"), [native], live=True)
     assert code == "no_capable_worker" and message.startswith("seconds: 4.4 s")
     small = Capability(max_rows=3000, release_kind="native")  # long enough, too large: the size is what it says
-    code, message = routing.refusal(Need.of(1344, 768, 8.0), [small], live=True)
+    code, message, _ = routing.refusal(Need.of(1344, 768, 8.0), [small], live=True)
     assert code == "exceeds_worker_capacity"
+
+
+def test_the_shortest_clip_counts_only_the_workers_of_the_requests_precision():
+    """A fleet of native bf16 workers and a V2 fp8 worker: a bf16 job without `seconds` is raised to the native
+    release's 5 s; an fp8 one is not (its only worker renders from 4 s); without a precision, every worker counts."""
+    fleet = [Capability(max_rows=40_000, release_kind="native"), Capability(max_rows=40_000, precision="fp8")]
+    assert routing.shortest_served("t2va", fleet, "bf16") == routing.NATIVE_MIN_SECONDS
+    assert routing.shortest_served("t2va", fleet, "fp8") == 0.0
+    assert routing.shortest_served("t2va", fleet) == 0.0
