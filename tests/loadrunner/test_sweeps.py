@@ -14,7 +14,8 @@ import redis
 
 from h3batch.api import create_app
 from h3batch.loadrunner.sweep_settings import SweepSettings
-from h3batch.loadrunner.sweep_spec import parse_sweep_request, points
+from h3batch.loadrunner.config import build_parser
+from h3batch.loadrunner.sweep_spec import driver_argv, parse_sweep_request, points
 from h3batch.loadrunner.sweep_store import BEAT_LOCK_KEY, create_sweep, get_sweep
 from tests.loadrunner.harness import REPO_ROOT, start_server_process, stop_process
 
@@ -128,6 +129,8 @@ def test_existing_report_is_ingested_not_rerun(redis_url, results_dir, tmp_path)
     ({"url": "ws://x", "sessions": [1], "timeout_s": 0}, "timeout_s must be finite and non-negative"),
     ({"url": "ws://x", "sessions": [1], "bogus": 1}, "unknown sweep fields: ['bogus']"),
     ({"url": "ws://x", "sessions": [1], "repetitions": 99}, "`repetitions` must be in [1,16]"),
+    # a value argparse would read as an option (not a plain negative number): it used to exit the API process
+    ({"url": "ws://x", "sessions": [1], "tail_s": -1e16}, "tail_s must be finite and non-negative"),
 ])
 def test_invalid_sweep_is_refused(client, body, fragment):
     """Bad grids get 400 invalid_sweep with the reason, before anything is queued."""
@@ -135,6 +138,15 @@ def test_invalid_sweep_is_refused(client, body, fragment):
     assert response.status_code == 400
     error = response.get_json()["error"]
     assert error["code"] == "invalid_sweep" and fragment in error["message"] and error["retryable"] is False
+
+
+def test_dash_leading_values_reach_the_driver_as_values():
+    """A model, label or digest starting with `-` is a value of its option, not an option of the driver."""
+    request = parse_sweep_request({"url": "ws://x", "sessions": [1], "model": "-m", "expected_input_sha256": "-d",
+                                   "labels": {"server_revision": "-r", "server_hardware": "-h"}})
+    args = build_parser().parse_args(driver_argv(request, points(request)[0], "-in.wav", "-out"))
+    assert (args.model, args.expected_input_sha256, args.server_revision, args.server_hardware, args.input_wav,
+            args.output_dir) == ("-m", "-d", "-r", "-h", "-in.wav", "-out")
 
 
 def test_unknown_sweep_and_file(client):
