@@ -1,8 +1,11 @@
 """GET /openapi.json: an OpenAPI 3.1 document whose schemas are generated from api/schemas.py's pydantic models.
 
-Paths are written out here (they are few and each lists every status code the view can return): /jobs and the
-health routes, then the OpenAI-compatible /v1/videos; the blueprint of /sweeps may add its own by exposing
-`OPENAPI_PATHS` (a dict of path -> path item).
+Paths are written out here by hand: /jobs and the health routes, /batches, /sweeps, the OpenAI-compatible /v1/videos,
+the web pages and this document. Each lists every status code its view can return and its request rules (header
+and query forms, text numbers), which no route-to-OpenAPI generator infers from plain Flask views; adopting one
+(flask-openapi3, apispec) would mean rewriting every view around its decorators. What a generator would guarantee,
+that the document and the routes agree, tests/api/test_openapi.py checks instead: every rule of the URL map is
+documented with its methods (or named in NOT_DOCUMENTED with its reason), and every documented path has a rule.
 """
 from __future__ import annotations
 
@@ -16,10 +19,23 @@ from h3batch.api.idempotency import MAX_KEY_CHARS
 from h3batch.api.openai_protocol import VideoObject, create_body_schema
 from h3batch.api.openai_videos import model_id
 from h3batch.core import defaults
+from h3batch.loadrunner.sweep_spec import MAX_LOAD_FRAMES, MAX_SESSIONS
+from h3batch.loadrunner.sweep_spec import MAX_POINTS as MAX_SWEEP_POINTS
+from h3batch.loadrunner.sweep_store import PointStatus, SweepStatus
 
 bp = Blueprint("openapi", __name__)
 
 _REF = "#/components/schemas/{model}"
+
+NOT_DOCUMENTED = {
+    ("/v1/videos/{video_id}/remix", "post"): "Sora's remix: 404 not_offered",
+    ("/v1/videos/edits", "post"): "Sora's edits: 404 not_offered",
+    ("/v1/videos/extensions", "post"): "Sora's extensions: 404 not_offered",
+    ("/v1/videos/characters", "post"): "Sora's characters: 404 not_offered",
+}
+"""Routes left out of the document, each with its reason: they exist only to answer SDK calls for what h3batch does
+not offer (docs/api.md). Three share their URL with /v1/videos/{video_id}, whose GET and DELETE answer there too;
+a concrete path in the document would claim those methods are not allowed (405)."""
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -286,6 +302,116 @@ def _batch_paths() -> dict[str, Any]:
     }
 
 
+def sweep_request_schema() -> dict[str, Any]:
+    """POST /sweeps' body (loadrunner/sweep_spec.py `parse_sweep_request`; a stdlib dataclass, as the load runner
+    has no pydantic). Never narrower than the parser: where a rule has no JSON Schema form (the driver's own checks
+    across fields; label and WAV names, whose Python patterns take Unicode letters and a trailing newline) the
+    parser refuses what the schema lets through, never the reverse."""
+    def grid(high: int) -> dict[str, Any]:
+        value = {"type": "integer", "minimum": 1, "maximum": high}
+        return {"anyOf": [value, {"type": "array", "minItems": 1, "items": value}]}
+
+    number, count = {"type": "number"}, {"type": "integer"}
+    optional_number, optional_text = {"type": ["number", "null"]}, {"type": ["string", "null"]}
+    properties = {
+        "url": {"type": "string", "pattern": "^wss?://",
+                "description": "the duplex server (ws:// or wss://), vetted like a webhook URL"},
+        "sessions": {**grid(MAX_SESSIONS), "description": "session counts of the grid (one or a list)"},
+        "load_frames": {**grid(MAX_LOAD_FRAMES), "description": "load frames of the grid; default [250]"},
+        "repetitions": {"type": "integer", "minimum": 1, "maximum": 16},
+        "model": optional_text,
+        "input_wav": {**optional_text, "description": "a WAV of the sweep input set, by name (no path)"},
+        "expected_input_sha256": optional_text,
+        "drain_s": number, "tail_s": number, "timeout_s": number, "cleanup_timeout_s": number,
+        "max_frame_deficit": count, "min_voiced_frames": count, "minimum_audio_chunks": count,
+        "voiced_frame_rms_threshold": number,
+        "max_client_rtf": optional_number, "max_stream_rtf": optional_number, "max_lag_drift_ms": optional_number,
+        "labels": {"type": "object", "additionalProperties": {"type": "string", "minLength": 1},
+                   "description": "server_revision, server_hardware and free-form labels"},
+    }
+    return {"type": "object", "required": ["url", "sessions"], "additionalProperties": False,
+            "properties": properties,
+            "description": f"A grid of sessions x load frames x repetitions, at most {MAX_SWEEP_POINTS} points"}
+
+
+def _sweep_paths() -> dict[str, Any]:
+    """/sweeps (api/sweeps.py): load-runner sweeps; the record (loadrunner/sweep_store.py) is inlined."""
+    sweep_id = {"name": "sweep_id", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1},
+                "description": "sw_<16 hex>"}
+    text_or_null = {"type": ["string", "null"]}
+    sweep = {"type": "object", "required": ["id", "status", "origin", "created_at", "request", "point_ids", "links"],
+             "properties": {
+                 "id": {"type": "string"}, "status": {"enum": [s.value for s in SweepStatus]},
+                 "origin": {"type": "string", "description": "`api`, or `schedule:<name>` for the beat's"},
+                 "owner": text_or_null, "created_at": {"type": "string"}, "started_at": text_or_null,
+                 "finished_at": text_or_null, "request": {"type": "object"},
+                 "point_ids": {"type": "array", "items": {"type": "string"}},
+                 "summary": {"type": ["object", "null"]}, "error": text_or_null,
+                 "points": {"type": "array", "description": "GET /sweeps/{sweep_id} only",
+                            "items": {"type": "object", "required": ["id", "status"], "properties": {
+                                "id": {"type": "string"}, "status": {"enum": [s.value for s in PointStatus]}}}},
+                 "links": {"type": "object", "description": "self; once finished also summary_json, summary_csv, "
+                                                            "plots and reports (URLs of GET .../files/{name})"}}}
+    sweep_json = {"description": "The sweep", "content": {"application/json": {"schema": sweep}}}
+    not_found = _json("ErrorBody", "No such sweep (sweep_not_found; also another key's)")
+    binary = {"schema": {"type": "string", "format": "binary"}}
+    files = {"image/png": binary, "application/json": {"schema": {}}, "text/csv": {"schema": {"type": "string"}}}
+    return {
+        "/sweeps": {
+            "post": {"operationId": "createSweep", "summary": "Queue a load-runner sweep",
+                     "requestBody": {"required": True,
+                                     "content": {"application/json": {"schema": sweep_request_schema()}}},
+                     "responses": {"202": {**sweep_json, "description": "Queued (Location: /sweeps/{id})"},
+                                   "400": _json("ErrorBody", "invalid_sweep: the grid, a field or the target URL"),
+                                   "413": _json("ErrorBody", "Body over 64 KiB"),
+                                   "422": _json("ErrorBody", "json_too_complex (the body costs too much to parse)"),
+                                   **_errors(401, 503)}},
+            "get": {"operationId": "listSweeps", "summary": "The caller's and the scheduled sweeps, newest first, "
+                                                            "without points",
+                    "parameters": [{"name": "limit", "in": "query",
+                                    "schema": {"type": "integer", "minimum": 1, "maximum": 200}}],
+                    "responses": {"200": {"description": "{sweeps: [sweep]}", "content": {"application/json": {
+                                      "schema": {"type": "object", "required": ["sweeps"], "properties": {
+                                          "sweeps": {"type": "array", "items": sweep}}}}}},
+                                  "400": _json("ErrorBody", "invalid_limit, or a repeated query parameter"),
+                                  **_errors(401, 503)}},
+        },
+        "/sweeps/{sweep_id}": {
+            "get": {"operationId": "getSweep", "summary": "Status, per-point results and links to the files",
+                    "parameters": [sweep_id],
+                    "responses": {"200": sweep_json, "404": not_found, **_errors(400, 401, 503)}},
+        },
+        "/sweeps/{sweep_id}/files/{name}": {
+            "get": {"operationId": "getSweepFile", "summary": "A plot (PNG), the summary (JSON, CSV) or a point's "
+                                                              "load-result.json (Range, ETag)",
+                    "parameters": [sweep_id, {"name": "name", "in": "path", "required": True,
+                                              "schema": {"type": "string", "minLength": 1},
+                                              "description": "as the sweep's links name it, e.g. summary.json or "
+                                                             "<point id>/load-result.json"}],
+                    "responses": {"200": {"description": "The file", "content": files},
+                                  "206": {"description": "Byte range", "content": files},
+                                  "304": {"description": "Not modified"},
+                                  "404": _json("ErrorBody", "sweep_not_found or file_not_found"),
+                                  "416": _json("ErrorBody", "Range not satisfiable"), **_errors(400, 401, 503)}},
+        },
+    }
+
+
+def _page_paths() -> dict[str, Any]:
+    """The web pages (api/web.py) and this document: served without a key."""
+    html = {"200": {"description": "The page", "content": {"text/html": {"schema": {"type": "string"}}}}}
+    pages = {"/": ("webIndex", "Web page: submit a prompt, live progress, the gallery"),
+             "/ui/batches": ("webBatches", "Web page: upload a JSONL file as a batch and follow it"),
+             "/ui/sweeps": ("webSweeps", "Web page: load-runner sweeps and their plots")}
+    paths = {path: {"get": {"operationId": op, "summary": summary, "security": [], "responses": html}}
+             for path, (op, summary) in pages.items()}
+    paths["/openapi.json"] = {"get": {
+        "operationId": "openapi", "summary": "This document (OpenAPI 3.1)", "security": [],
+        "responses": {"200": {"description": "The document",
+                              "content": {"application/json": {"schema": {"type": "object"}}}}}}}
+    return paths
+
+
 class _NumbersAlsoAsText(GenerateJsonSchema):
     """Request bodies: pydantic's lax mode reads numbers from text ("7", " +7 ", "2_56"; the web page sends a seed as
     text so 63-bit values stay exact), so every int and float of a validation-mode model also takes a string. The
@@ -344,12 +470,11 @@ def _image_bodies(create: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_document() -> dict[str, Any]:
-    from h3batch.api import sweeps  # noqa: PLC0415
-
     paths = _paths()
     paths.update(_batch_paths())
-    paths.update(getattr(sweeps, "OPENAPI_PATHS", {}))  # optional: the sweeps room documents its own routes
+    paths.update(_sweep_paths())
     paths.update(_openai_paths())
+    paths.update(_page_paths())
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "h3batch job API", "version": "0.1.0",

@@ -69,27 +69,30 @@ def new_sweep_id() -> str:
 
 
 def driver_argv(request: SweepRequest, point: Point, input_wav: str, output_dir: str) -> list[str]:
-    """The `h3batch duplex` arguments of one point (the worker runs the same configuration in-process)."""
-    argv = ["--url", request.url, "--model", request.model, "--input-wav", input_wav, "--output-dir", output_dir,
-            "--sessions", str(point.sessions), "--load-frames", str(point.load_frames),
-            "--drain-s", repr(request.drain_s), "--tail-s", repr(request.tail_s),
-            "--timeout-s", repr(request.timeout_s), "--cleanup-timeout-s", repr(request.cleanup_timeout_s),
-            "--max-frame-deficit", str(request.max_frame_deficit),
-            "--min-voiced-frames", str(request.min_voiced_frames),
-            "--minimum-audio-chunks", str(request.minimum_audio_chunks),
-            "--voiced-frame-rms-threshold", repr(request.voiced_frame_rms_threshold)]
+    """The `h3batch duplex` arguments of one point (the worker runs the same configuration in-process).
+
+    Every value rides in its option as `--name=value`: argparse reads a separate value that starts with `-` (a
+    `tail_s` of -1e+16, a model or label `-x`) as an option and exits, which in the API would end the process
+    instead of answering 400 invalid_sweep."""
+    options = [("--url", request.url), ("--model", request.model), ("--input-wav", input_wav),
+               ("--output-dir", output_dir), ("--sessions", point.sessions), ("--load-frames", point.load_frames),
+               ("--drain-s", repr(request.drain_s)), ("--tail-s", repr(request.tail_s)),
+               ("--timeout-s", repr(request.timeout_s)), ("--cleanup-timeout-s", repr(request.cleanup_timeout_s)),
+               ("--max-frame-deficit", request.max_frame_deficit),
+               ("--min-voiced-frames", request.min_voiced_frames),
+               ("--minimum-audio-chunks", request.minimum_audio_chunks),
+               ("--voiced-frame-rms-threshold", repr(request.voiced_frame_rms_threshold))]
     for flag, value in (("--max-client-rtf", request.max_client_rtf), ("--max-stream-rtf", request.max_stream_rtf),
                         ("--max-lag-drift-ms", request.max_lag_drift_ms)):
         if value is not None:
-            argv += [flag, repr(value)]
-    for flag, key in (("--expected-input-sha256", "expected_input_sha256"),):
-        if getattr(request, key):
-            argv += [flag, getattr(request, key)]
+            options.append((flag, repr(value)))
+    if request.expected_input_sha256:
+        options.append(("--expected-input-sha256", request.expected_input_sha256))
     if request.labels.get("server_revision"):
-        argv += ["--server-revision", str(request.labels["server_revision"])]
+        options.append(("--server-revision", request.labels["server_revision"]))
     if request.labels.get("server_hardware"):
-        argv += ["--server-hardware", str(request.labels["server_hardware"])]
-    return argv
+        options.append(("--server-hardware", request.labels["server_hardware"]))
+    return [f"{flag}={value}" for flag, value in options]
 
 
 def _int_list(body: dict, key: str, default: tuple[int, ...] | None, low: int, high: int) -> tuple[int, ...]:

@@ -97,7 +97,7 @@ def execute_point(settings: SweepSettings, r: redis.Redis, sweep_id: str, point_
     input_sha256 = hashlib.sha256(Path(input_wav).read_bytes()).hexdigest() if Path(input_wav).is_file() else None
     if request.expected_input_sha256 is None and input_sha256 is not None:
         # Pin the input the point measured: a changed file aborts the run instead of silently mixing inputs.
-        argv += ["--expected-input-sha256", input_sha256]
+        argv.append(f"--expected-input-sha256={input_sha256}")
     entry = {"id": point.id, "sessions": point.sessions, "load_frames": point.load_frames,
              "repetition": point.repetition, "parameters": argv, "server_url": request.url,
              "input_sha256": input_sha256,

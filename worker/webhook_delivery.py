@@ -5,12 +5,14 @@ same MULTI/EXEC that finishes a job with a `webhook_url`, so a delivery is never
 the send. A `WebhookDispatcher` thread (started in every GPU worker process) claims due entries with a Lua
 compare-and-bump (the score moves forward by a claim lease, so a dispatcher that dies mid-send only delays the
 delivery), POSTs, then removes the entry on a 2xx or re-schedules it with exponential backoff. Each attempt is
-appended to the job record's `webhook_deliveries` list.
+appended to the job record's `webhook_deliveries` list. This due set is ours rather than a Celery task with retries
+because the entry must be written inside the transition's own MULTI/EXEC: a task is sent after the commit, and a
+process that dies between the two would lose the delivery.
 
-Signing follows Standard Webhooks (what OpenAI's SDK `webhooks.verify_signature` checks): headers `webhook-id`
-(the same on every retry of one event), `webhook-timestamp` (Unix s) and `webhook-signature: v1,<base64
-HMAC-SHA256(key, "<id>.<timestamp>.<body>")>`, where the key is the base64 part of a `whsec_…` secret (or the
-secret's UTF-8 bytes without that prefix), from H3BATCH_WEBHOOK_SECRET.
+Signing is Standard Webhooks (what OpenAI's SDK `webhooks.verify_signature` checks), done by its reference package
+`standardwebhooks`: headers `webhook-id` (the same on every retry of one event), `webhook-timestamp` (Unix s) and
+`webhook-signature: v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>.<body>")>`, where the key is the base64 part of a
+`whsec_…` secret (or the secret's UTF-8 bytes without that prefix), from H3BATCH_WEBHOOK_SECRET.
 
 URL rules live in core/webhook_urls.py; the POST connects to the address that check passed (urllib3 pool
 pinned to that IP, TLS still verified against the host name) and follows no redirects. This is written by hand with
@@ -19,17 +21,16 @@ address.
 """
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import json
 import logging
 import threading
 import time
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 import redis
+from standardwebhooks import Webhook
 
 from h3batch.core import batches, keys
 from h3batch.core.jobs import load_job
@@ -48,17 +49,15 @@ _PUBLIC_FIELDS = ("id", "status", "stage", "progress", "step", "total_steps", "p
 
 # --- signing ---
 
-def secret_key(secret: str) -> bytes:
-    """HMAC key of a secret: base64-decoded after a `whsec_` prefix, else the secret's UTF-8 bytes."""
-    if secret.startswith("whsec_"):
-        return base64.b64decode(secret[len("whsec_"):])
-    return secret.encode()
+def signer(secret: str) -> Webhook:
+    """The Standard Webhooks signer of a secret: a `whsec_` secret as the package reads it (the base64 key after the
+    prefix), any other secret as its UTF-8 bytes (the package would base64-decode it)."""
+    return Webhook(secret if secret.startswith("whsec_") else secret.encode())
 
 
 def sign(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
     """The `webhook-signature` header value: `v1,<base64 HMAC-SHA256 of id.timestamp.body>`."""
-    signed = f"{message_id}.{timestamp}.".encode() + body
-    return "v1," + base64.b64encode(hmac.new(secret_key(secret), signed, hashlib.sha256).digest()).decode()
+    return signer(secret).sign(message_id, datetime.fromtimestamp(timestamp, tz=timezone.utc), body)
 
 
 def message_id(job_id: str, event: str) -> str:

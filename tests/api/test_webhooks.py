@@ -1,18 +1,24 @@
 """Webhooks against a real receiver on 127.0.0.1: Standard Webhooks signatures (checked with the openai SDK's
-verifier), retry after a 500, delivery log on the job, and the SSRF refusals at submit and at delivery time."""
+verifier and with the `standardwebhooks` reference package), retry after a 500, delivery log on the job, and the SSRF
+refusals at submit and at delivery time."""
 from __future__ import annotations
 
 import json
+import re
+import threading
 import time
 
 import pytest
 import requests
+import standardwebhooks
 from openai import OpenAI
+from werkzeug.serving import make_server
 
 from h3batch.core import webhook_urls
 from h3batch.core.jobs import JobSpec, JobStatus, create_job, load_job, transition
 from h3batch.worker import webhook_delivery as webhooks
 from tests.api.conftest import KEY_A, RETRY_BASE_S, WEBHOOK_SECRET, auth, key_id, wait_job
+from tests.service_stack import REPO
 
 
 def verify(call: dict) -> dict:
@@ -64,6 +70,64 @@ def test_tampered_body_fails_verification(stack, receiver):
     tampered = dict(call, body=call["body"].replace(b'"completed"', b'"failed"', 1))
     with pytest.raises(Exception, match="signature"):
         verify(tampered)
+
+
+@pytest.mark.parametrize("secret, key", [(WEBHOOK_SECRET, WEBHOOK_SECRET),
+                                         ("a plain-text secret", b"a plain-text secret")])
+def test_delivery_verifies_with_the_standardwebhooks_reference(rc, receiver, secret, key):
+    """The request a real receiver on 127.0.0.1 gets verifies with `standardwebhooks.Webhook(key).verify`: a
+    `whsec_` secret as the receiver is given it, a plain-text one as its UTF-8 bytes; a changed body does not."""
+    job = create_job(rc, JobSpec(prompt="x", seconds=4.0, width=256, height=128, seed=1, owner=key_id(KEY_A),
+                                 webhook_url=receiver.url + "/hook"))
+    # Due an hour ahead, so the session worker's dispatcher leaves it to this test's deliver_one.
+    transition(rc, job["id"], JobStatus.CANCELLED, expect={JobStatus.QUEUED}, fields={"cancel_reason": "user"},
+               now=time.time() + 3600)
+    settings = webhook_urls.WebhookSettings(secret=secret, allow_loopback=True)
+    assert webhooks.deliver_one(rc, settings, job["id"], "cancelled") is True
+    (call,) = receiver.wait_calls(1, timeout_s=60)
+    assert call["headers"]["webhook-id"] == f"msg_{job['id']}_cancelled"
+    body = standardwebhooks.Webhook(key).verify(call["body"], call["headers"])
+    assert body["type"] == "job.cancelled" and body["data"]["id"] == job["id"]
+    assert body["timestamp"] == int(call["headers"]["webhook-timestamp"])
+    tampered = call["body"].replace(b'"cancelled"', b'"completed"', 1)
+    with pytest.raises(standardwebhooks.WebhookVerificationError, match="signature"):
+        standardwebhooks.Webhook(key).verify(tampered, call["headers"])
+    assert rc.zscore(webhooks.DUE_KEY, f"{job['id']}:cancelled") is None
+
+
+def test_docs_receiver_example_verifies_a_delivery(rc, monkeypatch, capsys):
+    """docs/api.md's Flask receiver, served on 127.0.0.1, accepts a real delivery (204, the event printed) and
+    answers 400 to the same request with a changed body."""
+    page = (REPO / "docs" / "api.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page[page.index("## Webhooks"):], re.DOTALL).group(1)
+    monkeypatch.setenv("H3BATCH_WEBHOOK_SECRET", WEBHOOK_SECRET)
+    namespace: dict = {"__name__": "docs_receiver"}
+    exec(compile(code, "docs/api.md webhook receiver", "exec"), namespace)  # noqa: S102
+    server = make_server("127.0.0.1", 0, namespace["app"], threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/hook"
+        job = create_job(rc, JobSpec(prompt="x", seconds=4.0, width=256, height=128, seed=1, owner=key_id(KEY_A),
+                                     webhook_url=url))
+        transition(rc, job["id"], JobStatus.CANCELLED, expect={JobStatus.QUEUED}, fields={"cancel_reason": "user"},
+                   now=time.time() + 3600)
+        settings = webhook_urls.WebhookSettings(secret=WEBHOOK_SECRET, allow_loopback=True)
+        assert webhooks.deliver_one(rc, settings, job["id"], "cancelled") is True
+        (entry,) = load_job(rc, job["id"])["webhook_deliveries"]
+        assert entry["status_code"] == 204
+        assert capsys.readouterr().out.splitlines() == [f"job.cancelled {job['id']}"]
+
+        body = json.dumps(webhooks.payload(load_job(rc, job["id"]), "cancelled", time.time())).encode()
+        stamp = int(time.time())
+        headers = {"webhook-id": "msg_x", "webhook-timestamp": str(stamp),
+                   "webhook-signature": webhooks.sign(WEBHOOK_SECRET, "msg_x", stamp, body)}
+        assert requests.post(url, data=body, headers=headers, timeout=30).status_code == 204
+        forged = body.replace(b'"cancelled"', b'"completed"', 1)
+        assert requests.post(url, data=forged, headers=headers, timeout=30).status_code == 400
+    finally:
+        server.shutdown()
+        thread.join(timeout=30)
 
 
 @pytest.mark.parametrize("url", [

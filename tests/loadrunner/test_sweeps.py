@@ -14,7 +14,8 @@ import redis
 
 from h3batch.api import create_app
 from h3batch.loadrunner.sweep_settings import SweepSettings
-from h3batch.loadrunner.sweep_spec import parse_sweep_request, points
+from h3batch.loadrunner.config import build_parser
+from h3batch.loadrunner.sweep_spec import driver_argv, parse_sweep_request, points
 from h3batch.loadrunner.sweep_store import BEAT_LOCK_KEY, create_sweep, get_sweep
 from tests.loadrunner.harness import REPO_ROOT, start_server_process, stop_process
 
@@ -128,6 +129,8 @@ def test_existing_report_is_ingested_not_rerun(redis_url, results_dir, tmp_path)
     ({"url": "ws://x", "sessions": [1], "timeout_s": 0}, "timeout_s must be finite and non-negative"),
     ({"url": "ws://x", "sessions": [1], "bogus": 1}, "unknown sweep fields: ['bogus']"),
     ({"url": "ws://x", "sessions": [1], "repetitions": 99}, "`repetitions` must be in [1,16]"),
+    # a value argparse would read as an option (not a plain negative number): it used to exit the API process
+    ({"url": "ws://x", "sessions": [1], "tail_s": -1e16}, "tail_s must be finite and non-negative"),
 ])
 def test_invalid_sweep_is_refused(client, body, fragment):
     """Bad grids get 400 invalid_sweep with the reason, before anything is queued."""
@@ -135,6 +138,15 @@ def test_invalid_sweep_is_refused(client, body, fragment):
     assert response.status_code == 400
     error = response.get_json()["error"]
     assert error["code"] == "invalid_sweep" and fragment in error["message"] and error["retryable"] is False
+
+
+def test_dash_leading_values_reach_the_driver_as_values():
+    """A model, label or digest starting with `-` is a value of its option, not an option of the driver."""
+    request = parse_sweep_request({"url": "ws://x", "sessions": [1], "model": "-m", "expected_input_sha256": "-d",
+                                   "labels": {"server_revision": "-r", "server_hardware": "-h"}})
+    args = build_parser().parse_args(driver_argv(request, points(request)[0], "-in.wav", "-out"))
+    assert (args.model, args.expected_input_sha256, args.server_revision, args.server_hardware, args.input_wav,
+            args.output_dir) == ("-m", "-d", "-r", "-h", "-in.wav", "-out")
 
 
 def test_unknown_sweep_and_file(client):
@@ -175,6 +187,62 @@ def test_single_beat_and_scheduled_sweep(worker, sweep_env, reference_url, redis
     finally:
         stop_process(first)
     assert not r.exists(BEAT_LOCK_KEY)
+
+
+def wait_until(predicate, timeout_s: float, what: str):
+    """Poll `predicate` until it returns something truthy (a hang guard, not a timing assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen within {timeout_s} s")
+
+
+def test_beat_lock_renewed_expires_after_kill_and_never_taken_from_another(sweep_env, redis_url, tmp_path):
+    """A running beat keeps its lock (same token) over several expiries; killed with SIGKILL it leaves the lock,
+    which expires so the next beat takes it; a beat that finds another token in the lock stops itself and leaves
+    that token in place."""
+    ttl_s = 3
+    env = {**sweep_env, "H3BATCH_SWEEP_SCHEDULE": "", "H3BATCH_BEAT_LOCK_TTL_S": str(ttl_s),
+           "H3BATCH_BEAT_SCHEDULE_FILE": str(tmp_path / "beat-schedule")}
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    r.delete(BEAT_LOCK_KEY)
+    beats = []
+
+    def start_beat(log: Path) -> tuple[subprocess.Popen, str]:
+        with log.open("w") as stderr:
+            proc = subprocess.Popen([H3BATCH, "beat"], env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                                    stderr=stderr)
+        beats.append(proc)
+        token = wait_until(lambda: (held := r.get(BEAT_LOCK_KEY)) and f":{proc.pid}:" in held and held, 60,
+                           f"beat {proc.pid} taking the lock")
+        return proc, token
+
+    try:
+        first, token = start_beat(tmp_path / "first.log")
+        time.sleep(ttl_s * 3)  # three expiries' worth: only renewal keeps the key
+        assert r.get(BEAT_LOCK_KEY) == token and 0 < r.pttl(BEAT_LOCK_KEY) <= ttl_s * 1000
+        first.kill()
+        first.wait(timeout=30)
+        assert r.get(BEAT_LOCK_KEY) == token  # a killed holder cannot release: the expiry frees the lock
+        wait_until(lambda: not r.exists(BEAT_LOCK_KEY), ttl_s + 30, "the dead beat's lock expiring")
+
+        second, _ = start_beat(tmp_path / "second.log")
+        # Celery's SIGTERM handler is in place once beat says it is starting; before that SIGTERM ends the process
+        # without the release step this test also checks.
+        wait_until(lambda: "beat: Starting" in (tmp_path / "second.log").read_text(), 60, "celery beat starting")
+        r.set(BEAT_LOCK_KEY, "elsewhere:1:intruder", px=60_000)  # as if its lock had expired and been taken
+        wait_until(lambda: second.poll() is not None, 60, "the beat that lost its lock stopping")
+        assert r.get(BEAT_LOCK_KEY) == "elsewhere:1:intruder"
+        log = (tmp_path / "second.log").read_text()
+        assert f"beat lock {BEAT_LOCK_KEY} lost to elsewhere:1:intruder; stopping this beat" in log, log[-2000:]
+        assert "was no longer ours at exit" in log, log[-2000:]
+    finally:
+        for proc in beats:
+            stop_process(proc)
+        r.delete(BEAT_LOCK_KEY)
 
 
 def test_beat_refuses_invalid_schedule(sweep_env):
