@@ -179,7 +179,8 @@ def test_webhook_events_filter_sends_only_the_chosen_events_and_the_default_send
     assert [(c["path"], verify(c)["type"], verify(c)["data"]["id"]) for c in calls] == [
         ("/failing", "job.failed", failing), ("/default", "job.completed", default)]
     assert len(receiver.calls) == 2
-    assert requests.get(f"{stack.base}/jobs/{unchosen}", headers=auth(), timeout=60).json()["webhook_deliveries"] is None
+    record = requests.get(f"{stack.base}/jobs/{unchosen}", headers=auth(), timeout=60).json()
+    assert record["webhook_deliveries"] is None
 
 
 @pytest.mark.parametrize("fields, message", [
