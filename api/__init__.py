@@ -64,6 +64,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         slots,
         stream_slots,
         sweeps,
+        usage,
         web,
     )
 
@@ -84,6 +85,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     app.register_blueprint(batches.bp)
     app.register_blueprint(openapi.bp)
     app.register_blueprint(sweeps.bp)
+    app.register_blueprint(usage.bp)
     app.register_blueprint(openai_videos.bp)
     app.register_blueprint(web.bp)
     return app

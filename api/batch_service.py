@@ -194,7 +194,8 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
             continue
         spec = JobSpec(prompt=req.prompt, seconds=need.seconds, width=req.width, height=req.height,
                        seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
-                       owner=caller.owner, webhook_url=req.webhook_url, task=need.task, precision=need.precision,
+                       owner=caller.owner, webhook_url=req.webhook_url,
+                       webhook_events=tuple(req.webhook_events or ()), task=need.task, precision=need.precision,
                        loras=tuple(req.lora_records), timeout_s=req.timeout_s)
         items.append(batches.Item(spec=spec, index=index, custom_id=custom_id, images=tuple(images)))
     form = {"requests": canonical, "refused": refused, "metadata": sub.metadata, "on_invalid": sub.on_invalid,

@@ -37,9 +37,10 @@ _FINISHED = frozenset(s.value for s in FINISHED)
 
 
 _ERROR_CODES = {"extra_forbidden": "unsupported_parameter", "unsupported_size": "unsupported_size",
-                "unsupported_duration": "unsupported_duration", **{code: code for code in LORA_CODES}}
+                "unsupported_duration": "unsupported_duration", "invalid_webhook_events": "invalid_webhook_events",
+                **{code: code for code in LORA_CODES}}
 _OWN_MESSAGES = ("unsupported_size", "unsupported_duration", "empty_prompt", "prompt_too_long", "invalid_text",
-                 "bool_refused", "invalid_lora", *LORA_CODES)
+                 "bool_refused", "invalid_lora", "invalid_webhook_events", *LORA_CODES)
 """Validation errors whose message already names the field."""
 _NAMED = re.compile(r"^([a-z_]+)[:\[.]")  # "prompt: ...", "loras[0].ref: ..."
 
@@ -56,7 +57,8 @@ def validate_create(body: dict, *, max_prompt_chars: int, canvas: str | None,
                     lora_policy: loras.LoraPolicy | None = None) -> CreateJob:
     """A create body as CreateJob, by the request contract (core/geometry.py, core/request_rules.py, core/loras.py
     against `lora_policy` through api/schemas.py). FieldError 400 naming the first bad field (unsupported_parameter
-    for unknown ones; the core/loras.py codes for a refused `loras`)."""
+    for unknown ones; the core/loras.py codes for a refused `loras`); 422 invalid_webhook_events for a
+    `webhook_events` naming no event the service sends, or given without a webhook_url."""
     try:
         return CreateJob.model_validate(body, context={"max_prompt_chars": max_prompt_chars, "canvas": canvas,
                                                        "loras": lora_policy})
@@ -69,7 +71,8 @@ def validate_create(body: dict, *, max_prompt_chars: int, canvas: str | None,
             message = f"{where}: {message}"
         named = _NAMED.match(message)
         field = where if where != "body" else (named.group(1) if named else "body")
-        raise FieldError(400, _ERROR_CODES.get(kind, "invalid_request"), message, field) from None
+        status = 422 if kind == "invalid_webhook_events" else 400
+        raise FieldError(status, _ERROR_CODES.get(kind, "invalid_request"), message, field) from None
 
 
 @dataclass(frozen=True)
@@ -199,7 +202,8 @@ def _create_and_enqueue(caller: Caller, req: CreateJob, api: str, images: list,
                            True, {"Retry-After": "5"}) from None
     spec = JobSpec(prompt=req.prompt, seconds=need.seconds, width=req.width, height=req.height,
                    seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
-                   owner=caller.owner, webhook_url=req.webhook_url, api=api, task=need.task,
+                   owner=caller.owner, webhook_url=req.webhook_url, webhook_events=tuple(req.webhook_events or ()),
+                   api=api, task=need.task,
                    precision=need.precision, job_id=job_id, inputs=inputs, loras=tuple(req.lora_records),
                    timeout_s=req.timeout_s)
     try:  # caps and write in one step

@@ -60,9 +60,10 @@ def _errors(*statuses: int) -> dict[str, Any]:
             409: "Wrong job state or Idempotency-Key in use",
             410: "Video expired", 413: "Body over its limit (64 KiB; 48 MiB on POST /jobs and /v1/videos), or "
                                       "an input image over 16 MiB or 4096x4096 (image_too_large)", 416: "Range not satisfiable",
-            422: "Idempotency-Key reused with another body, webhook_url refused, exceeds_worker_capacity (the "
-                 "request needs more rows than any worker serves), or json_too_complex (the body nests over 32 "
-                 "deep or holds more tokens than the API parses)", 503: "Redis or queue full",
+            422: "Idempotency-Key reused with another body, webhook_url refused, invalid_webhook_events (an "
+                 "unknown event, or webhook_events without webhook_url), exceeds_worker_capacity (the request needs "
+                 "more rows than any worker serves), or json_too_complex (the body nests over 32 deep or holds more "
+                 "tokens than the API parses)", 503: "Redis or queue full",
             429: "Over the API key's rate limit (rate_limited: Retry-After, RateLimit headers; api/ratelimit.py), "
                  "or too_many_active_jobs (H3BATCH_MAX_ACTIVE_PER_KEY)"}
     # 429 may answer any authenticated route: the per-key rate limit runs before every view.
@@ -145,6 +146,17 @@ def _paths() -> dict[str, Any]:
                                                          "message}]}`",
                                           "content": {"application/json": {"schema": {"type": "object"}}}},
                                   **_errors(401, 404, 503)}},
+        },
+        "/usage": {
+            "get": {"operationId": "getUsage", "summary": "The calling key's jobs by final status, seconds of video "
+                    "and GPU-seconds over UTC days (counted once per job, when it finishes)",
+                    "parameters": [
+                        {"name": name, "in": "query", "required": False, "schema": {"type": "string"},
+                         "description": f"{what}: ISO-8601 (2026-12-01, 2026-12-01T08:00:00Z) or Unix seconds; "
+                                        f"the UTC day it falls on is summed whole"}
+                        for name, what in (("from", f"Window start (default: {defaults.USAGE_DEFAULT_DAYS} days "
+                                                    f"before `to`)"), ("to", "Window end (default: now)"))],
+                    "responses": {"200": _json("Usage", "Usage over the window"), **_errors(400, 401, 503)}},
         },
         "/healthz": {"get": {"operationId": "healthz", "summary": "Process alive", "security": [],
                              "responses": {"200": {"description": "Alive"}}}},
@@ -433,7 +445,7 @@ class _NumbersAlsoAsText(GenerateJsonSchema):
 def model_schemas() -> dict[str, Any]:
     """The document's component schemas, generated from api/schemas.py's models."""
     models = [(schemas.CreateJob, "validation"), (schemas.Job, "serialization"), (schemas.JobList, "serialization"),
-              (schemas.ErrorBody, "serialization")]
+              (schemas.ErrorBody, "serialization"), (schemas.Usage, "serialization")]
     _, top = models_json_schema(models, ref_template=_REF, schema_generator=_NumbersAlsoAsText)
     found = top.get("$defs", {})
     found.update(_image_bodies(found["CreateJob"]))

@@ -4,13 +4,14 @@ The same models generate /openapi.json, so the document cannot drift from what t
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, WithJsonSchema,
+                      field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from h3batch.core import defaults, loras, routing
+from h3batch.core.jobs import WEBHOOK_EVENTS
 from h3batch.core.geometry import (
     ASPECT_RATIOS,
     CANVAS_PROFILES,
@@ -51,6 +52,11 @@ class LoraItem(BaseModel):
                          description="Weight of the adapter's delta (diffusers' set_adapters weight).")
 
 
+WebhookEventList = Annotated[list[str], WithJsonSchema({"type": "array", "minItems": 1, "items": {
+    "type": "string", "enum": list(WEBHOOK_EVENTS)}})]
+"""A job's `webhook_events` as the document states it (the names are checked by CreateJob: 422, not 400)."""
+
+
 LORA_CODES = ("too_many_loras", "unknown_lora", "lora_revision_not_allowed", "lora_scale_out_of_range")
 """core.loras' request codes: validation errors of these kinds keep their code and message."""
 
@@ -83,6 +89,10 @@ class CreateJob(BaseModel):
     webhook_url: str | None = Field(None, min_length=1, max_length=2048,
                                     description="http(s) URL that gets a signed POST (Standard Webhooks) when the job "
                                                 "completes, fails or is cancelled; see docs/api.md.")
+    webhook_events: WebhookEventList | None = Field(
+        None, description="Which events webhook_url is sent, out of `completed`, `failed` and `cancelled` (Replicate's "
+                    "webhook_events_filter); absent: all three. Needs webhook_url. An unknown name, an empty list or "
+                    "the field without webhook_url is 422 invalid_webhook_events.")
     precision: Precision | None = Field(None, description="Numeric precision of the render: `bf16` (the release's "
                                         "semantics) or `fp8` (opt-in, faster, with a stated error). Absent: the "
                                         "server's default (bf16 unless the operator set H3BATCH_DEFAULT_PRECISION). "
@@ -163,6 +173,21 @@ class CreateJob(BaseModel):
         except GeometryError as exc:
             raise PydanticCustomError("unsupported_size", "{detail}", {"detail": str(exc)}) from None
         return {"width": width, "height": height, **data}
+
+    @model_validator(mode="after")
+    def _webhook_events_ok(self) -> "CreateJob":
+        if self.webhook_events is None:
+            return self
+        unknown = [name for name in self.webhook_events if name not in WEBHOOK_EVENTS]
+        if unknown or not self.webhook_events:
+            found = repr(unknown[0]) if unknown else "an empty list"
+            raise PydanticCustomError("invalid_webhook_events", "webhook_events: expected a list of one or more of "
+                                      "{names}, found {found}", {"names": ", ".join(WEBHOOK_EVENTS), "found": found})
+        if self.webhook_url is None:
+            raise PydanticCustomError("invalid_webhook_events", "webhook_events: chooses which events webhook_url is "
+                                      "sent; give a webhook_url too, or leave webhook_events out")
+        self.webhook_events = [name for name in WEBHOOK_EVENTS if name in self.webhook_events]  # once each, in order
+        return self
 
     @model_validator(mode="after")
     def _loras_allowed(self, info: ValidationInfo) -> "CreateJob":
@@ -282,6 +307,8 @@ class Job(BaseModel):
     metadata: dict[str, Any] | None = Field(None, description="Provenance once rendered: resolved parameters, seed, "
                                                              "release_id, contract_hash, gpu, library versions.")
     webhook_url: str | None = None
+    webhook_events: list[str] | None = Field(None, description="The events webhook_url is sent, when the job chose "
+                                                               "some (null: all of them).")
     webhook_deliveries: list[dict[str, Any]] | None = Field(None, description="One entry per webhook attempt.")
     loras: list[dict[str, Any]] | None = Field(None, description="Per-job LoRAs as accepted: ref, scale and the Hub "
                                                "repo + commit (or worker folder) each resolved to.")
@@ -296,6 +323,37 @@ class JobList(BaseModel):
     first_id: str | None
     last_id: str | None
     has_more: bool
+
+
+class UsageJobs(BaseModel):
+    """Jobs counted, by the status they ended in (each job once, however many attempts it took)."""
+
+    completed: int
+    failed: int
+    cancelled: int
+    total: int
+
+
+class UsageDay(BaseModel):
+    """One UTC day's usage (days with none are left out)."""
+
+    date: str = Field(description="The UTC day, YYYY-MM-DD.")
+    jobs: UsageJobs
+    video_seconds: float
+    gpu_seconds: float
+
+
+class Usage(BaseModel):
+    """GET /usage: the calling key's usage over the UTC days from..to (core/usage.py)."""
+
+    object: Literal["usage"] = "usage"
+    from_: str = Field(alias="from", description="First UTC day summed, YYYY-MM-DD.")
+    to: str = Field(description="Last UTC day summed, YYYY-MM-DD.")
+    jobs: UsageJobs
+    video_seconds: float = Field(description="Seconds of video of the completed jobs.")
+    gpu_seconds: float = Field(description="Render time the workers measured for the completed jobs (their "
+                                           "inference_time_s); failed and cancelled renders add none.")
+    days: list[UsageDay] = Field(description="Per UTC day with any usage, oldest first.")
 
 
 def job_view(record: dict[str, Any], queue_position: int | None, eta_s: float | None = None) -> dict[str, Any]:
@@ -318,6 +376,7 @@ def job_view(record: dict[str, Any], queue_position: int | None, eta_s: float | 
         cancel_reason=record.get("cancel_reason"), cancelled_at_stage=record.get("cancelled_at_stage"),
         timeout_s=record.get("timeout_s"),
         error=record.get("error"), metadata=record.get("metadata"), webhook_url=record.get("webhook_url"),
+        webhook_events=record.get("webhook_events"),
         webhook_deliveries=record.get("webhook_deliveries"), loras=record.get("loras") or None,
         links=JobLinks(self=f"/jobs/{job_id}", content=f"/jobs/{job_id}/content", cancel=f"/jobs/{job_id}/cancel",
                        events=f"/jobs/{job_id}/events"),

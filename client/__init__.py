@@ -13,9 +13,10 @@ from h3batch.client.aio import AsyncClient
 from h3batch.client.errors import *  # noqa: F403  (every exception class, one per code)
 from h3batch.client.errors import APIError, H3BatchError, JobFailed
 from h3batch.client.models import (Batch, BatchCounts, BatchPage, BatchResult, ErrorInfo, Job, JobEvent, JobPage,
-                                   JobStatus)
+                                   JobStatus, Usage, UsageDay, UsageJobs)
 from h3batch.client.protocol import BatchFileError, RetryPolicy
 from h3batch.client.sync import Client
 
 __all__ = ["APIError", "AsyncClient", "Batch", "BatchCounts", "BatchFileError", "BatchPage", "BatchResult", "Client",
-           "ErrorInfo", "H3BatchError", "Job", "JobEvent", "JobFailed", "JobPage", "JobStatus", "RetryPolicy"]
+           "ErrorInfo", "H3BatchError", "Job", "JobEvent", "JobFailed", "JobPage", "JobStatus", "RetryPolicy", "Usage",
+           "UsageDay", "UsageJobs"]

@@ -22,7 +22,7 @@ import httpx2
 
 from h3batch.client import protocol
 from h3batch.client.errors import APIError, ConnectionFailed, JobAlreadyTerminal, WaitTimeout, job_failed
-from h3batch.client.models import Batch, BatchResult, Job, JobEvent, JobPage
+from h3batch.client.models import Batch, BatchResult, Job, JobEvent, JobPage, Usage
 from h3batch.client.protocol import RetryPolicy
 from h3batch.client.sync import DEFAULT_API, LONG_POLL_S, JobRef, _id, user_agent
 
@@ -151,6 +151,10 @@ class AsyncClient:
         if raise_on_failure and current.status.value != "completed":
             raise job_failed(current)
         return current
+
+    async def usage(self, from_: Any = None, to: Any = None) -> Usage:
+        params = protocol.usage_params(from_, to)
+        return Usage.model_validate((await self.request("GET", "/usage", params=params)).json())
 
     async def logs(self, job: JobRef) -> list[dict[str, Any]]:
         return (await self.request("GET", f"/jobs/{_id(job)}/logs")).json()["data"]

@@ -73,11 +73,43 @@ class Job(_Wire):
     timeout_s: float | None = None
     error: ErrorInfo | None = None
     metadata: dict[str, Any] | None = None
+    webhook_url: str | None = None
+    webhook_events: list[str] | None = None
 
     @property
     def finished(self) -> bool:
         """True once the job can no longer change (completed, failed, cancelled or expired)."""
         return self.status in FINISHED
+
+
+class UsageJobs(_Wire):
+    """Jobs counted by the status they ended in (each job once, however many attempts it took)."""
+
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    total: int = 0
+
+
+class UsageDay(_Wire):
+    """One UTC day's usage."""
+
+    date: str
+    jobs: UsageJobs = Field(default_factory=UsageJobs)
+    video_seconds: float = 0.0
+    gpu_seconds: float = 0.0
+
+
+class Usage(_Wire):
+    """Your key's usage over the UTC days `from_`..`to` (GET /usage): jobs by final status, seconds of video of the
+    completed ones, and their render time on the workers (`gpu_seconds`); `days` lists the days with any usage."""
+
+    from_: str = Field(alias="from")
+    to: str
+    jobs: UsageJobs = Field(default_factory=UsageJobs)
+    video_seconds: float = 0.0
+    gpu_seconds: float = 0.0
+    days: list[UsageDay] = Field(default_factory=list)
 
 
 class JobEvent(_Wire):

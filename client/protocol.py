@@ -94,6 +94,22 @@ def raise_for_error(response: httpx2.Response) -> None:
     raise api_error(response.status_code, body, retry_after_s(response.headers))
 
 
+def usage_params(from_: Any, to: Any) -> dict[str, str]:
+    """GET /usage's query: each end as the server reads it, a datetime or date as ISO-8601 (a naive datetime is
+    UTC there), a number as Unix seconds, a string as it is; None leaves the server's default."""
+    params = {}
+    for name, value in (("from", from_), ("to", to)):
+        if value is None:
+            continue
+        if hasattr(value, "isoformat"):
+            params[name] = value.isoformat()
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            params[name] = f"{value:.6f}".rstrip("0").rstrip(".")
+        else:
+            params[name] = str(value)
+    return params
+
+
 def job_body(prompt: str, fields: dict[str, Any]) -> dict[str, Any]:
     """A POST /jobs body: the prompt and every field given (None means 'server default', so it is left out)."""
     return {"prompt": prompt, **{name: value for name, value in fields.items() if value is not None}}

@@ -26,7 +26,7 @@ import httpx2
 from h3batch.client import protocol
 from h3batch.client.errors import (APIError, ConnectionFailed, JobAlreadyTerminal, OriginError, WaitTimeout,
                                    job_failed)
-from h3batch.client.models import Batch, BatchPage, BatchResult, Job, JobEvent, JobPage
+from h3batch.client.models import Batch, BatchPage, BatchResult, Job, JobEvent, JobPage, Usage
 from h3batch.client.protocol import RetryPolicy
 
 DEFAULT_API = "http://127.0.0.1:8000"
@@ -114,8 +114,8 @@ class Client:
     def create(self, prompt: str, *, seconds: float | None = None, width: int | None = None,
                height: int | None = None, seed: int | None = None, aspect_ratio: str | None = None,
                idempotency_key: str | None = None, **fields: Any) -> Job:
-        """Queue a render (POST /jobs); other body fields (precision, webhook_url, metadata, ...) as keywords.
-        The Idempotency-Key is made here unless given, and sent again on every retry."""
+        """Queue a render (POST /jobs); other body fields (precision, webhook_url, webhook_events, ...) as
+        keywords. The Idempotency-Key is made here unless given, and sent again on every retry."""
         body = protocol.job_body(prompt, {"seconds": seconds, "width": width, "height": height, "seed": seed,
                                           "aspect_ratio": aspect_ratio, **fields})
         key = idempotency_key or protocol.new_idempotency_key()
@@ -191,6 +191,12 @@ class Client:
         if raise_on_failure and current.status.value != "completed":
             raise job_failed(current)
         return current
+
+    def usage(self, from_: Any = None, to: Any = None) -> Usage:
+        """Your key's usage (GET /usage) over the UTC days from `from_` to `to` (each a datetime, date, Unix
+        seconds or ISO-8601 text; defaults: the 30 days up to now): jobs by final status, seconds of video and
+        GPU-seconds, each job counted once."""
+        return Usage.model_validate(self.request("GET", "/usage", params=protocol.usage_params(from_, to)).json())
 
     def logs(self, job: JobRef) -> list[dict[str, Any]]:
         """The worker's log lines about the job (GET /jobs/{id}/logs): `{ts, level, logger, message}`, oldest first."""

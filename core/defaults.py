@@ -120,3 +120,11 @@ STORE_PART_BYTES = 8 * 1024 * 1024
 
 STORE_CHUNK_BYTES = 256 * 1024
 """Chunk size when streaming an object from S3 through the API."""
+
+USAGE_KEEP_DAYS = 400
+"""Days a key's per-day usage hash (h3b:usage:{owner}:{day}) is kept after its last count: GET /usage reads back a
+year and a month."""
+USAGE_DEFAULT_DAYS = 30
+"""GET /usage without `from`: the window starts this many days before `to`."""
+USAGE_MAX_DAYS = 366
+"""Widest GET /usage window, in UTC days (one HGETALL per day); a wider one is 400."""

@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 
-from h3batch.core import defaults, keys, metrics
+from h3batch.core import defaults, keys, metrics, usage
 
 
 class JobStatus(str, enum.Enum):
@@ -66,7 +66,7 @@ ALLOWED: dict[JobStatus, frozenset[JobStatus]] = {
 # Field -> decoder for the hash's string values; fields not listed stay str.
 _INT_FIELDS = {"step", "total_steps", "width", "height", "seed", "seq", "attempt", "frames", "size_bytes"}
 _FLOAT_FIELDS = {"progress", "seconds", "created_at", "started_at", "finished_at", "expires_at", "timeout_s"}
-_JSON_FIELDS = {"timings", "tokens", "error", "metadata", "webhook_deliveries", "inputs", "loras"}
+_JSON_FIELDS = {"timings", "tokens", "error", "metadata", "webhook_deliveries", "inputs", "loras", "webhook_events"}
 _EVENT_FIELDS = ("attempt", "stage", "progress", "error", "cancel_reason", "cancelled_at_stage")
 """Fields of a transition's update copied into its event."""
 
@@ -83,6 +83,7 @@ class JobSpec:
     release: str | None = None
     owner: str = ""
     webhook_url: str | None = None  # vetted by h3batch.core.webhook_urls.check_url at the door
+    webhook_events: tuple[str, ...] = ()  # which of WEBHOOK_EVENTS webhook_url gets; () = all of them
     api: str = "jobs"  # which view created it: "jobs" or "openai" (/v1/videos); picks webhook event names
     task: str = "t2va"  # core/routing.TASKS; with precision and the rows, names the job's render queue
     precision: str = "bf16"  # core/routing.PRECISIONS
@@ -143,6 +144,8 @@ EVENTS_KEPT = 1024
 """Events kept per job (approximate XADD MAXLEN): a reconnecting client replays from its Last-Event-ID."""
 TERMINAL_EVENTS = frozenset({"completed", "failed", "cancelled"})
 """Event names after which a job's event stream ends."""
+WEBHOOK_EVENTS = ("completed", "failed", "cancelled")
+"""The events a job's webhook_url is sent (TERMINAL_EVENTS, in a fixed order); a job's `webhook_events` picks some."""
 
 
 def _emit(pipe: redis.client.Pipeline, job_id: str, event: str, data: dict[str, Any]) -> None:
@@ -188,6 +191,8 @@ def optional_fields(spec: JobSpec) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     if spec.webhook_url:
         fields["webhook_url"] = spec.webhook_url
+    if spec.webhook_events:
+        fields["webhook_events"] = list(spec.webhook_events)
     if spec.loras:
         fields["loras"] = list(spec.loras)
     if spec.inputs:
@@ -290,7 +295,9 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
       4. move the id from the owner's index of the old status to the new one's;
       5. on a finished status, EXPIRE record and stream after `record_ttl_s` (noting when in `h3b:expiry`, so the
          reaper can drop the index entries once the record is gone) and PUBLISH on its done channel;
-      6. add to the metrics hashes (core/metrics.py: status and error counters, queue wait, stage durations).
+      6. add to the metrics hashes (core/metrics.py: status and error counters, queue wait, stage durations);
+      7. on a terminal status, count the job's usage once (core/usage.py), marking the record `usage_day`; and
+         schedule its webhook when it has a `webhook_url` and its `webhook_events` (all when unset) include it.
     """
     key = keys.job(job_id)
     now = time.time() if now is None else now
@@ -298,7 +305,8 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
         while True:
             try:
                 pipe.watch(key)
-                current = pipe.hmget(key, ["status", "attempt", "seq", "owner", "created_at"])
+                current = pipe.hmget(key, ["status", "attempt", "seq", "owner", "created_at", "webhook_url",
+                                           "webhook_events", "seconds", usage.MARKER])
                 if current[0] is None:
                     pipe.unwatch()
                     return None
@@ -312,9 +320,13 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
                 update["status"] = to
                 if to in FINISHED and to is not JobStatus.EXPIRED:
                     update.setdefault("finished_at", now)
+                counted = to.value in usage.COUNTED and not current[8]  # the marker, read under this WATCH
+                if counted:
+                    update[usage.MARKER] = usage.day_of(now)
                 # A job with a webhook_url gets its delivery queued in this same transaction: the key
                 # keys.WEBHOOKS_DUE is all the two sides share (worker/webhook_delivery.py sends it).
-                hook = pipe.hget(key, "webhook_url") if to.value in TERMINAL_EVENTS else None
+                chosen = json.loads(current[6]) if current[6] else WEBHOOK_EVENTS
+                hook = bool(current[5]) and to.value in TERMINAL_EVENTS and to.value in chosen
                 pipe.multi()
                 pipe.hset(key, mapping=_encode(update))
                 if status is JobStatus.QUEUED:
@@ -346,6 +358,9 @@ def transition(r: redis.Redis, job_id: str, to: JobStatus, *, expect: set[JobSta
                     pipe.zadd(keys.WEBHOOKS_DUE, {f"{job_id}:{to.value}": now})
                 metrics.count_transition(pipe, status.value, to.value, update, attempt=attempt,
                                          created_at=float(current[4]) if current[4] else None, now=now)
+                if counted:
+                    usage.count(pipe, owner, to.value, seconds=float(current[7] or 0), timings=update.get("timings"),
+                                now=now)
                 pipe.execute()
                 break
             except redis.WatchError:

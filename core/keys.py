@@ -39,6 +39,8 @@
 | | | cumulative), the sum and the count (field names: core/metrics.py; api/metrics.py reads them on scrape) |
 | `h3b:metrics:http` | hash | counter per method, route and status of API requests (each API process adds its own) |
 | `h3b:metrics:batches` | hash | counters: `created` batches, and finished ones per final status (core/batches.py) |
+| `h3b:usage:{owner}:{day}` | hash | one key's usage on one UTC day (`YYYY-MM-DD`): jobs finished per status, video |
+| | | and GPU seconds (core/usage.py), counted once per job at its terminal transition; GET /usage sums days |
 
 Celery's own keys (`render` list, `_kombu.*`, `unacked*`) live beside these in the same DB; the load runner's Celery
 app prefixes all of its own with `h3batch-lr:` (loadrunner/celery_app.py), so the two apps never share `unacked`.
@@ -134,6 +136,10 @@ def batch_pending(batch_id: str) -> str:
 
 def batch_crc(batch_id: str) -> str:
     return f"{PREFIX}:batch:{batch_id}:crc"  # hash: job id -> CRC-32 of its MP4
+
+
+def usage(owner: str, day: str) -> str:
+    return f"{PREFIX}:usage:{owner or '-'}:{day}"  # hash: one key's usage on one UTC day (core/usage.py)
 
 
 def owner_batches(owner: str) -> str:

@@ -2,12 +2,13 @@
 
 Flow: `core/jobs.py::transition` adds `<job id>:<event>` to the zset `h3b:webhooks:due` (score = due time) in the
 same MULTI/EXEC that finishes a job with a `webhook_url`, so a delivery is never lost between the state change and
-the send. A `WebhookDispatcher` thread (started in every GPU worker process) claims due entries with a Lua
-compare-and-bump (the score moves forward by a claim lease, so a dispatcher that dies mid-send only delays the
-delivery), POSTs, then removes the entry on a 2xx or re-schedules it with exponential backoff. Each attempt is
-appended to the job record's `webhook_deliveries` list. This due set is ours rather than a Celery task with retries
-because the entry must be written inside the transition's own MULTI/EXEC: a task is sent after the commit, and a
-process that dies between the two would lose the delivery.
+the send; a job whose `webhook_events` leaves that event out gets no entry, so nothing here ever sends it. A
+`WebhookDispatcher` thread (started in every GPU worker process) claims due entries with a Lua compare-and-bump (the
+score moves forward by a claim lease, so a dispatcher that dies mid-send only delays the delivery), POSTs, then
+removes the entry on a 2xx or re-schedules it with exponential backoff. Each attempt is appended to the job record's
+`webhook_deliveries` list. This due set is ours rather than a Celery task with retries because the entry must be
+written inside the transition's own MULTI/EXEC: a task is sent after the commit, and a process that dies between the
+two would lose the delivery.
 
 Signing is Standard Webhooks (what OpenAI's SDK `webhooks.verify_signature` checks), done by its reference package
 `standardwebhooks`: headers `webhook-id` (the same on every retry of one event), `webhook-timestamp` (Unix s) and

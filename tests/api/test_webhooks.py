@@ -219,3 +219,51 @@ def test_server_without_secret_refuses_webhook_url(compat_redis_url, compat_arti
                       "WEBHOOKS": webhook_urls.WebhookSettings(secret=None)})
     reply = app.test_client().post("/jobs", json={"prompt": "x", "webhook_url": "https://example.com/h"})
     assert reply.status_code == 400 and reply.json["error"]["code"] == "webhooks_not_configured"
+
+
+def test_webhook_events_filter_sends_only_the_chosen_events_and_the_default_sends_all(stack, receiver, rc):
+    """Three jobs to one receiver: one asks for failed/cancelled and fails (release_mismatch), one asks for failed
+    only and completes, one asks for nothing and completes. The receiver gets job.failed then job.completed, in
+    order, and nothing for the second job: its completion queued no delivery and its record has no delivery log."""
+    def create(path: str, **fields) -> str:
+        reply = requests.post(f"{stack.base}/jobs", json={"prompt": "a gong", "webhook_url": receiver.url + path,
+                                                          **fields}, headers=auth(), timeout=60)
+        assert reply.status_code == 202, reply.text
+        assert reply.json()["webhook_events"] == fields.get("webhook_events")
+        return reply.json()["id"]
+
+    failing = create("/failing", webhook_events=["failed", "cancelled"], release="no-such-release")
+    assert wait_job(stack.base, failing)["status"] == "failed"
+    unchosen = create("/unchosen", webhook_events=["failed"])
+    assert wait_job(stack.base, unchosen)["status"] == "completed"
+    assert rc.zscore(webhooks.DUE_KEY, f"{unchosen}:completed") is None  # written (or not) with the completion
+    default = create("/default")
+    assert wait_job(stack.base, default)["status"] == "completed"
+    calls = receiver.wait_calls(2)
+    assert [(c["path"], verify(c)["type"], verify(c)["data"]["id"]) for c in calls] == [
+        ("/failing", "job.failed", failing), ("/default", "job.completed", default)]
+    assert len(receiver.calls) == 2
+    record = requests.get(f"{stack.base}/jobs/{unchosen}", headers=auth(), timeout=60).json()
+    assert record["webhook_deliveries"] is None
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"webhook_url": "http://127.0.0.1:9/h", "webhook_events": ["started"]}, "found 'started'"),
+    ({"webhook_url": "http://127.0.0.1:9/h", "webhook_events": ["completed", "progress"]}, "found 'progress'"),
+    ({"webhook_url": "http://127.0.0.1:9/h", "webhook_events": []}, "found an empty list"),
+    ({"webhook_events": ["completed"]}, "give a webhook_url too"),
+])
+def test_bad_webhook_events_are_422_naming_the_field_and_make_no_job(compat_api, rc, fields, message):
+    """An event the service does not send, an empty list, or the filter without a webhook_url: 422
+    invalid_webhook_events whose message names `webhook_events`; in a batch, the line is refused by that field."""
+    before = rc.zcard("h3b:jobs")
+    reply = requests.post(f"{compat_api.base}/jobs", json={"prompt": "x", **fields}, headers=auth(), timeout=60)
+    assert reply.status_code == 422, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "invalid_webhook_events" and error["message"].startswith("webhook_events: ")
+    assert message in error["message"] and error["retryable"] is False
+    batch = requests.post(f"{compat_api.base}/batches", json={"requests": [{"prompt": "x", **fields}]},
+                          headers=auth(), timeout=60)
+    assert batch.status_code == 422, batch.text
+    assert [(d["line"], d["field"]) for d in batch.json()["error"]["details"]] == [(1, "webhook_events")]
+    assert rc.zcard("h3b:jobs") == before

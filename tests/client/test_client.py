@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 import zipfile
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import requests
 
 from h3batch.client import (APIError, AsyncClient, BadRequest, BatchFileError, Client, InvalidBatch, Job,
-                            JobCancelled, JobNotFound, NotFound, RetryPolicy, Unauthorized, UnsupportedSize)
+                            JobCancelled, JobNotFound, NotFound, RetryPolicy, Unauthorized, UnsupportedSize, Usage)
 from h3batch.client.protocol import etag_path, partial_path
 from h3batch.worker.h3.mp4 import probe_mp4
 from tests.api.conftest import KEY_A, KEY_B, auth
@@ -192,3 +194,34 @@ def test_async_client_does_the_same(stack, tmp_path):
     assert [j.status.value for j in done] == ["completed", "completed"]
     assert size == (tmp_path / "a.mp4").stat().st_size and probe_mp4(tmp_path / "a.mp4")["frames"] == 107
     assert {j.id for j in page.data} == {j.id for j in done}
+
+
+def test_usage_and_webhook_events_through_both_clients(stack):
+    """create() passes webhook_events (the job shows it; a completion it did not choose queues no delivery, so the
+    unreachable URL is never called); usage() of Client and AsyncClient then reads the key's usage one completed job
+    and its 4 s of video higher, and both clients agree."""
+    with Client(stack.base, KEY_B) as client:
+        deadline = time.monotonic() + 600  # hang guard: an earlier test's job of this key finishing would count
+        while any(client.list(status=s, limit=1).data for s in ("queued", "in_progress")):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        before = client.usage()
+        job = client.create(_unique("a gong"), webhook_url="http://127.0.0.1:9/never", webhook_events=["failed"],
+                            **CANVAS)
+        assert job.webhook_events == ["failed"] and job.webhook_url == "http://127.0.0.1:9/never"
+        done = client.wait(job)
+        today = datetime.now(timezone.utc).date()
+        after = client.usage(today - timedelta(days=30), datetime.now(timezone.utc) + timedelta(minutes=10))
+
+    async def read():
+        async with AsyncClient(stack.base, KEY_B) as aclient:
+            return await aclient.usage(int(time.time()) - 30 * 86_400)
+
+    assert isinstance(after, Usage) and after.jobs.completed - before.jobs.completed == 1
+    assert after.jobs.total - before.jobs.total == 1
+    assert after.video_seconds - before.video_seconds == pytest.approx(4.0)
+    assert after.gpu_seconds - before.gpu_seconds == pytest.approx(sum(done.model_extra["timings"].values()),
+                                                                   abs=1e-5)
+    assert after.days[-1].date in (today.isoformat(), (today + timedelta(days=1)).isoformat())
+    assert asyncio.run(read()).jobs == after.jobs
+    assert done.webhook_events == ["failed"] and not done.model_extra.get("webhook_deliveries")

@@ -155,3 +155,24 @@ def test_orphaned_running_lists_only_lease_less_in_progress_jobs(r):
     assert jobs.orphaned_running(r) == []
     jobs.transition(r, job["id"], JobStatus.COMPLETED, expect_attempt=record["attempt"], record_ttl_s=TTL)
     assert r.zscore(keys.RUNNING, job["id"]) is None
+
+
+@pytest.mark.parametrize("chosen, to, scheduled", [
+    ((), JobStatus.COMPLETED, True),
+    ((), JobStatus.FAILED, True),
+    (("completed",), JobStatus.COMPLETED, True),
+    (("completed",), JobStatus.FAILED, False),
+    (("failed", "cancelled"), JobStatus.COMPLETED, False),
+    (("failed", "cancelled"), JobStatus.CANCELLED, True),
+])
+def test_the_finishing_transition_schedules_only_the_chosen_webhook_events(r, chosen, to, scheduled):
+    """A job's `webhook_events` decides, in the transition that finishes it, whether its event is queued for
+    delivery in h3b:webhooks:due; without the field every terminal event is."""
+    job = jobs.create_job(r, JobSpec(prompt="rain", seconds=4.0, width=256, height=128, seed=1,
+                                     webhook_url="http://127.0.0.1:9/hook", webhook_events=chosen))
+    assert job.get("webhook_events") == (list(chosen) or None)
+    if to is not JobStatus.CANCELLED:
+        jobs.claim_job(r, job["id"], "w1", release_id="tiny", record_ttl_s=TTL)
+    assert jobs.transition(r, job["id"], to, fields={"error": {"code": "x"}} if to is JobStatus.FAILED else None,
+                           record_ttl_s=TTL) is not None
+    assert (r.zscore(keys.WEBHOOKS_DUE, f"{job['id']}:{to.value}") is not None) is scheduled

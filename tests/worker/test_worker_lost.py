@@ -14,7 +14,7 @@ FAST_RECOVERY = {"H3BATCH_LEASE_TTL_S": "1.5", "H3BATCH_RECONCILE_INTERVAL_S": "
 
 def test_killed_worker_job_completes_once_on_another_worker(redis_url, tiny_release, tmp_path):
     """After SIGKILL of the rendering worker, its lease lapses, the reconciler re-enqueues the job and a new worker
-    completes it with attempt 2: one completed record, one MP4, no leftovers."""
+    completes it with attempt 2: one completed record, one MP4, no leftovers, and usage counts the job once."""
     url = redis_url.rsplit("/", 1)[0] + "/3"
     artifacts = tmp_path / "artifacts"
     api = ApiProcess(service_env(url, artifacts), tmp_path / "api.log")
@@ -32,6 +32,11 @@ def test_killed_worker_job_completes_once_on_another_worker(redis_url, tiny_rele
         assert [p.name for p in (artifacts / job["id"]).iterdir()] == ["video.mp4"]
         assert requests.get(f"{api.base}/jobs/{job['id']}/content", timeout=30).status_code == 200
         assert "re-enqueuing job whose worker lost its lease" in second.log_text()
+        # Usage (auth off: the one anonymous bucket) counts the job once, with the rescuer's render time only.
+        used = requests.get(f"{api.base}/usage", timeout=30).json()
+        assert used["jobs"] == {"completed": 1, "failed": 0, "cancelled": 0, "total": 1}, used
+        assert used["video_seconds"] == done["seconds"]
+        assert abs(used["gpu_seconds"] - done["inference_time_s"]) < 1e-5
     finally:
         first.kill()
         if second is not None:
