@@ -23,7 +23,7 @@ from h3batch.api.job_service import Caller, FieldError
 from h3batch.api.json_budget import JsonBudget, TooComplex, max_tokens
 from h3batch.api.jobs import JOBS
 from h3batch.api.zipstream import Member, ZipLayout, file_crc32
-from h3batch.core import batches, capacity, defaults, jsonl
+from h3batch.core import batches, capacity, defaults, jsonl, lanes
 from h3batch.core import jobs as store
 from h3batch.core.artifact_store import StoreUnavailable
 from h3batch.core.jobs import JobSpec, JobStatus
@@ -163,6 +163,9 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
             req = job_service.validate_create(body, max_prompt_chars=max_prompt_chars, canvas=canvas,
                                               lora_policy=caller.lora_policy)
             job_service.check_timeout(caller, req)
+            if req.priority == lanes.Priority.INTERACTIVE.value:
+                raise FieldError(422, "invalid_request", "priority: a batch item runs in the batch lane; "
+                                 "'interactive' is for single jobs (POST /jobs), found 'interactive'", "priority")
             if req.webhook_url is not None:
                 caller.vet_webhook_url(req.webhook_url)
         except (FieldError, job_inputs.ImageError) as exc:
@@ -196,7 +199,8 @@ def validate(sub: Submission, caller: Caller, *, max_batch: int, max_prompt_char
                        seed=store.random_seed() if req.seed is None else req.seed, release=req.release,
                        owner=caller.owner, webhook_url=req.webhook_url,
                        webhook_events=tuple(req.webhook_events or ()), task=need.task, precision=need.precision,
-                       loras=tuple(req.lora_records), timeout_s=req.timeout_s)
+                       loras=tuple(req.lora_records), timeout_s=req.timeout_s,
+                       priority=lanes.Priority.BATCH.value)
         items.append(batches.Item(spec=spec, index=index, custom_id=custom_id, images=tuple(images)))
     form = {"requests": canonical, "refused": refused, "metadata": sub.metadata, "on_invalid": sub.on_invalid,
             "webhook_url": sub.webhook_url}

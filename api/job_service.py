@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from h3batch.api import idempotency
 from h3batch.api.errors import ApiError
 from h3batch.api.schemas import LORA_CODES, CreateJob, first_error
-from h3batch.core import capacity, defaults, keys, loras, routing
+from h3batch.core import batches, capacity, defaults, keys, lanes, loras, routing
 from h3batch.core import jobs as store
 from h3batch.core.artifact_store import ArtifactStore, LocalStore, StoredObject, StoreUnavailable
 from h3batch.core.jobs import FINISHED, BadCursor, JobSpec, JobStatus
@@ -205,7 +205,7 @@ def _create_and_enqueue(caller: Caller, req: CreateJob, api: str, images: list,
                    owner=caller.owner, webhook_url=req.webhook_url, webhook_events=tuple(req.webhook_events or ()),
                    api=api, task=need.task,
                    precision=need.precision, job_id=job_id, inputs=inputs, loras=tuple(req.lora_records),
-                   timeout_s=req.timeout_s)
+                   timeout_s=req.timeout_s, priority=req.priority or lanes.Priority.INTERACTIVE.value)
     try:  # caps and write in one step
         record = store.create_job(caller.r, spec, max_queued=caller.max_queued,
                                   max_active_per_key=caller.max_active_per_key if caller.owner else 0)
@@ -218,6 +218,11 @@ def _create_and_enqueue(caller: Caller, req: CreateJob, api: str, images: list,
     except BaseException:
         _drop_inputs(caller, job_id, inputs)
         raise
+    if spec.priority == lanes.Priority.BATCH.value:
+        _feed(caller)  # held like a batch item (core/lanes.py): released into idle capacity, or when overdue
+        log.info("job created seconds=%s size=%dx%d seed=%d lane=batch", spec.seconds, spec.width, spec.height,
+                 spec.seed, extra={"job_id": record["id"], "request_id": caller.request_id})
+        return store.load_job(caller.r, record["id"]) or record
     try:
         caller.send_render(record["id"])
     except Exception as exc:  # noqa: BLE001  # broker refused the message: the job must not sit queued forever
@@ -231,6 +236,15 @@ def _create_and_enqueue(caller: Caller, req: CreateJob, api: str, images: list,
     log.info("job created seconds=%s size=%dx%d seed=%d", spec.seconds, spec.width, spec.height, spec.seed,
              extra={"job_id": record["id"], "request_id": caller.request_id})
     return record
+
+
+def _feed(caller: Caller) -> None:
+    """Release held batch-lane work into idle workers now. A failure only delays it: a released job without a
+    message is re-sent by the reaper, a held one waits for the workers' feed (each job's end, each heartbeat)."""
+    try:
+        batches.feed(caller.r, caller.send_render)
+    except Exception as exc:  # noqa: BLE001  # the job is written and held: never a 5xx for what the workers redo
+        log.warning("batch feed after create failed error=%s", type(exc).__name__)
 
 
 def _drop_inputs(caller: Caller, job_id: str, inputs: dict | None) -> None:

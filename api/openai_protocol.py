@@ -9,8 +9,8 @@ OpenAI's four (cancelled → `failed` with `error.code:"cancelled"`; expired →
 Create accepts JSON and multipart/form-data (the `openai` SDK always sends multipart, every value a text part, so
 values are coerced here). Fields: OpenAI's `prompt`, `model`, `seconds`, `size`, `user`; vLLM-Omni's extras that map
 to T2VA (`width`, `height`, `num_frames`, `fps`, `seed`, `num_inference_steps`, `guidance_scale`, `flow_shift`,
-... checked with the V2 sampler rules); h3batch's `webhook_url` and `release`. Conditioning and editing inputs
-(`negative_prompt`, ...) and any other field get 400 `unsupported_parameter`. `input_reference` is fl2va's first
+... checked with the V2 sampler rules); h3batch's `webhook_url`, `release` and `priority`. Conditioning and editing
+inputs (`negative_prompt`, ...) and any other field get 400 `unsupported_parameter`. `input_reference` is fl2va's first
 keyframe (api/openai_videos.py), served when the fleet serves fl2va (a native MiniMax-H3 release).
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, ValidationError
 from h3batch.api.errors import ApiError
 from h3batch.api.job_service import Vocabulary
 from h3batch.api.schemas import LORA_CODES, CreateJob, first_error
-from h3batch.core import loras, request_rules
+from h3batch.core import lanes, loras, request_rules
 from h3batch.core.geometry import ASPECT_RATIOS, FPS, GeometryError, RequestGeometry, nearest_canvas, shown
 from h3batch.core.jobs import FINISHED, JobStatus
 
@@ -53,7 +53,7 @@ _INT_FIELDS = ("seed", "width", "height", "num_frames", "fps")
 _ACCEPTED = ("prompt", "model", "seconds", "size", "user", "width", "height", "num_frames", "fps", "seed",
              "num_inference_steps", "guidance_scale", "flow_shift", "audio_flow_shift", "generate_sound",
              "extra_params", "webhook_url", "release", "aspect_ratio", "precision", "input_reference", "loras",
-             *_NO_CFG_FIELDS)
+             "priority", *_NO_CFG_FIELDS)
 
 
 # --- the create body as JSON Schema (GET /openapi.json) ---
@@ -102,6 +102,9 @@ def create_body_schema(model_id: str = DEFAULT_MODEL_ID) -> dict[str, Any]:
         "precision": _optional({"type": "string", "enum": ["bf16", "fp8"]},
                                description="h3batch extension: bf16 (the release's semantics; the default) or fp8 "
                                            "(opt-in); only workers of that precision render it"),
+        "priority": _optional({"type": "string", "enum": ["interactive", "batch"]},
+                              description="h3batch extension: queue lane, `interactive` (the default) or `batch` "
+                                          "(waits for an idle worker; see docs/api.md \"Priority\")"),
         "aspect_ratio": _optional({"type": "string", "enum": list(ASPECT_RATIOS)},
                                   description="instead of size: the release's trained bucket"),
         "input_reference": _optional({"type": "string", "contentMediaType": "image/*"},
@@ -256,6 +259,7 @@ def parse_create(fields: Mapping[str, Any], served_model: str) -> dict[str, Any]
             "seed": ints.get("seed"),
             "release": _as_text("release", fields.get("release")),
             **({"precision": fields["precision"]} if fields.get("precision") not in (None, "") else {}),
+            **({"priority": fields["priority"]} if fields.get("priority") not in (None, "") else {}),
             "webhook_url": _as_text("webhook_url", fields.get("webhook_url")),
             **({"loras": _as_loras(fields["loras"])} if fields.get("loras") not in (None, "") else {})}
 
@@ -366,6 +370,7 @@ class VideoObject(BaseModel):
     webhook_url: str | None = None
     webhook_deliveries: list[dict[str, Any]] | None = None
     loras: list[dict[str, Any]] | None = None
+    priority: Literal["interactive", "batch"] = Field("interactive", description="Queue lane.")
     h3batch_status: str = Field(description="The native status (adds cancelled, expired).")
 
 
@@ -407,7 +412,7 @@ def video_object(record: dict[str, Any], position: int | None, model: str) -> di
         "stage_durations": timings, "worker": record.get("worker"), "cancel_reason": record.get("cancel_reason"),
         "release_id": record.get("release_id") or meta.get("release_id"), "metadata": record.get("metadata"),
         "webhook_url": record.get("webhook_url"), "webhook_deliveries": record.get("webhook_deliveries"),
-        "loras": record.get("loras") or None, "h3batch_status": status,
+        "loras": record.get("loras") or None, "priority": lanes.lane_of(record).value, "h3batch_status": status,
     }).model_dump(mode="json")
 
 

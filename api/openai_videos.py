@@ -130,12 +130,13 @@ def delete_video(video_id: str):
 
 @bp.route("/videos/<video_id>/content", methods=["GET", "HEAD"])
 def video_content(video_id: str):
-    """`variant` video (MP4, default) | thumbnail (PNG, middle frame) | audio (AAC in .m4a). Range/ETag on all.
-    400 unsupported_variant; 404; 409 video_not_completed; 410 artifact_expired."""
+    """`variant` video (MP4, default) | thumbnail (PNG, middle frame) | spritesheet (JPEG grid of up to 16 frames) |
+    audio (AAC in .m4a). Range/ETag on all. 400 unsupported_variant; 404; 409 video_not_completed; 410
+    artifact_expired."""
     variant = request.args.get("variant", "video")
     if variant not in media.VARIANTS:
         raise ApiError(400, "unsupported_variant", f"variant: expected one of {', '.join(media.VARIANTS)}, found "
-                                                   f"{variant!r} (spritesheet is not offered)")
+                                                   f"{variant!r}")
     caller = job_http.caller(video_id)
     record, mp4 = job_service.content_object(caller, video_id, VIDEOS)
     try:
@@ -143,7 +144,7 @@ def video_content(video_id: str):
     except FileNotFoundError:
         raise ApiError(410, "artifact_expired", VIDEOS.gone_message.format(id=video_id)) from None
     etag = (record.get("sha256") if variant == "video" else None) or True
-    suffix = Path(media.VARIANTS[variant][0]).suffix  # .mp4, .png, .m4a
+    suffix = Path(media.VARIANTS[variant][0]).suffix  # .mp4, .png, .jpg, .m4a
     return job_http.send_job_content(caller.artifacts, stored, media_type, etag, f"{video_id}{suffix}")
 
 

@@ -218,9 +218,13 @@ def _openai_paths() -> dict[str, Any]:
         "/v1/videos/{video_id}/content": {
             "get": {"operationId": "downloadVideoContent", "parameters": [
                         video_id, {"name": "variant", "in": "query", "schema": {"enum": list(media.VARIANTS)}}],
-                    "responses": {"200": {"description": "MP4, PNG thumbnail or AAC .m4a", "content": {
+                    "responses": {"200": {"description": "MP4, PNG thumbnail, JPEG sprite sheet (up to "
+                                                         f"{media.SPRITE_FRAMES} evenly spaced frames in a grid, tiles "
+                                                         f"{media.SPRITE_TILE_WIDTH} px wide at the clip's aspect) or "
+                                                         "AAC .m4a", "content": {
                                       "video/mp4": {"schema": {"type": "string", "format": "binary"}},
                                       "image/png": {"schema": {"type": "string", "format": "binary"}},
+                                      "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
                                       "audio/mp4": {"schema": {"type": "string", "format": "binary"}}}},
                                   "206": {"description": "Byte range"}, "304": {"description": "Not modified"},
                                   "400": error("Unknown variant"), "404": error("No such video"),

@@ -10,7 +10,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
                       field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
-from h3batch.core import defaults, loras, routing
+from h3batch.core import defaults, lanes, loras, routing
 from h3batch.core.jobs import WEBHOOK_EVENTS
 from h3batch.core.geometry import (
     ASPECT_RATIOS,
@@ -35,6 +35,9 @@ Precision = Literal["bf16", "fp8"]
 """core.routing.PRECISIONS as a schema type."""
 Task = Literal["t2va", "fl2va", "ref2va"]
 """core.routing.TASKS as a schema type; the fleet's heartbeats say which of them are served."""
+
+PriorityName = Literal["interactive", "batch"]
+"""core.lanes.Priority as a schema type."""
 
 AspectRatio = Literal["16:9", "9:16", "1:1", "4:3", "3:4"]
 """core.geometry.ASPECT_RATIOS as a schema type (tests check the two agree)."""
@@ -112,6 +115,12 @@ class CreateJob(BaseModel):
                                     description="Seconds from creation the job may take, queue time included; past "
                                                 "them it fails with error code `timeout`. At most the operator's "
                                                 "H3BATCH_MAX_JOB_TIMEOUT_S (else 400).")
+    priority: PriorityName | None = Field(None, description="Queue lane: `interactive` (the default of POST /jobs "
+                                          "and /v1/videos) starts before waiting `batch` work; `batch` (every batch "
+                                          "item's lane) waits for an idle worker. Neither starves: after "
+                                          "H3BATCH_INTERACTIVE_STREAK interactive starts in a row (default 4) while "
+                                          "batch work waits, one batch job goes next. A batch line may say `batch` "
+                                          "but not `interactive`.")
 
     @field_validator("seed", "width", "height", "seconds", mode="before")
     @classmethod
@@ -288,6 +297,7 @@ class Job(BaseModel):
     task: Task = Field(routing.DEFAULT_TASK, description="Workflow the job runs.")
     precision: Precision = Field(routing.DEFAULT_PRECISION, description="Precision it renders in (workers of that "
                                                                         "precision only).")
+    priority: PriorityName = Field("interactive", description="Queue lane (`batch` for batch items).")
     created_at: float
     started_at: float | None = None
     finished_at: float | None = None
@@ -368,6 +378,7 @@ def job_view(record: dict[str, Any], queue_position: int | None, eta_s: float | 
         prompt=record.get("prompt", ""), seconds=record["seconds"], width=record["width"], height=record["height"],
         seed=record["seed"], release=record.get("release"), release_id=record.get("release_id"),
         task=record.get("task") or routing.DEFAULT_TASK, precision=record.get("precision") or routing.DEFAULT_PRECISION,
+        priority=lanes.lane_of(record).value,
         created_at=created, started_at=started, finished_at=finished, expires_at=record.get("expires_at"),
         queue_wait_s=None if started is None else round(started - created, 6),
         inference_time_s=None if not timings else round(sum(timings.values()), 6),

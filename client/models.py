@@ -61,6 +61,7 @@ class Job(_Wire):
     seed: int | None = None
     task: str | None = None
     precision: str | None = None
+    priority: str | None = None
     release_id: str | None = None
     created_at: float | None = None
     started_at: float | None = None

@@ -15,7 +15,10 @@ so two owners' batches alternate) and puts it in `h3b:queue` and on the broker. 
 broker behind which a single job could queue up: a single job submitted while a 1000-item batch waits finds in front
 of it only the jobs already running (one per worker), plus at most the items handed to a worker that was idle at that
 very moment. Single jobs queued ahead of capacity hold batches back (they are the interactive traffic; their own
-number is bounded by H3BATCH_MAX_QUEUED and the per-key rate limit).
+number is bounded by H3BATCH_MAX_QUEUED and the per-key rate limit). This is the `batch` lane of core/lanes.py: a
+single job that asks for `priority: batch` is held the same way (its rotation entry is `jobs`), and the lanes'
+anti-starvation rule releases one held job ahead of the interactive messages after H3BATCH_INTERACTIVE_STREAK
+interactive starts in a row.
 
 Limits (issue 26 item 1): every item counts as one job. A batch is admitted in the script that writes it, all or
 none: its items must fit under the queue cap (H3BATCH_MAX_QUEUED, counted over `h3b:backlog`, every queued job held
@@ -46,7 +49,7 @@ from typing import Any, Callable
 
 import redis
 
-from h3batch.core import defaults, keys, rate_bucket
+from h3batch.core import defaults, keys, lanes, rate_bucket
 from h3batch.core import jobs as store
 from h3batch.core.jobs import EVENTS_KEPT, JobSpec, JobStatus, Stage
 
@@ -168,7 +171,7 @@ def create_batch(r: redis.Redis, owner: str, items: list[Item], *, metadata: dic
             "total_steps": defaults.TOTAL_STEPS, "progress": 0.0, "prompt": spec.prompt, "seconds": spec.seconds,
             "width": spec.width, "height": spec.height, "seed": spec.seed, "release": spec.release,
             "owner": owner, "created_at": now, "attempt": 0, "batch_id": batch_id, "batch_index": item.index,
-            "task": spec.task, "precision": spec.precision}
+            "task": spec.task, "precision": spec.precision, "priority": lanes.Priority.BATCH}
         record.update(store.optional_fields(spec))
         if item.custom_id is not None:
             record["custom_id"] = item.custom_id
@@ -293,45 +296,79 @@ def ready_workers(r: redis.Redis) -> int:
     return count
 
 
-# Release held items into idle capacity, one per active batch in turn (see the module docstring).
-# KEYS: queue, running, active batches. ARGV: capacity, most to release, key prefix.
+# Release held items into idle capacity, one per entry of the rotation in turn (see the module docstring); first,
+# when the interactive streak has reached `every`, one held item whatever the capacity, stamped `promoted_at`
+# (core/lanes.py: the anti-starvation rule), and the streak starts again.
+# KEYS: queue, running, active batches, held lane set, streak. ARGV: capacity, most to release, key prefix, the lane
+# set's rotation member, every (0: no promotion), now. Returns the released ids, a promoted one first.
 _FEED = """
-local free = tonumber(ARGV[1]) - redis.call('zcard', KEYS[1]) - redis.call('zcard', KEYS[2])
+local function pending_of(b)
+  if b == ARGV[4] then return KEYS[4] end
+  return ARGV[3] .. 'batch:' .. b .. ':pending'
+end
+-- one held item from the next entry of the rotation: its id; false when this look found none (an item cancelled
+-- while held, or an entry with nothing left, which leaves the rotation); nil when the rotation is empty
+local function take()
+  local b = redis.call('lmove', KEYS[3], KEYS[3], 'LEFT', 'RIGHT')
+  if not b then return nil end
+  local popped = redis.call('zpopmin', pending_of(b))
+  if #popped == 0 then
+    redis.call('lrem', KEYS[3], 0, b)
+    return false
+  end
+  local job = ARGV[3] .. 'job:' .. popped[1]
+  if redis.call('hget', job, 'status') ~= 'queued' then return false end
+  redis.call('zadd', KEYS[1], redis.call('hget', job, 'seq'), popped[1])
+  return popped[1]
+end
 local most = tonumber(ARGV[2])
 local out = {}
 local looks = 0
+local every = tonumber(ARGV[5])
+if every > 0 and tonumber(redis.call('get', KEYS[5]) or '0') >= every then
+  redis.call('set', KEYS[5], 0)
+  while looks < 4 * most + 64 do
+    looks = looks + 1
+    local id = take()
+    if id == nil then break end
+    if id then
+      redis.call('hset', ARGV[3] .. 'job:' .. id, 'promoted_at', ARGV[6])
+      out[1] = id
+      break
+    end
+  end
+end
+local free = tonumber(ARGV[1]) - redis.call('zcard', KEYS[1]) - redis.call('zcard', KEYS[2])
 while free > 0 and #out < most and looks < 4 * most + 64 do
   looks = looks + 1
-  local b = redis.call('lmove', KEYS[3], KEYS[3], 'LEFT', 'RIGHT')
-  if not b then break end
-  local popped = redis.call('zpopmin', ARGV[3] .. 'batch:' .. b .. ':pending')
-  if #popped == 0 then
-    redis.call('lrem', KEYS[3], 0, b)
-  else
-    local id = popped[1]
-    local job = ARGV[3] .. 'job:' .. id
-    if redis.call('hget', job, 'status') == 'queued' then
-      redis.call('zadd', KEYS[1], redis.call('hget', job, 'seq'), id)
-      out[#out + 1] = id
-      free = free - 1
-    end
+  local id = take()
+  if id == nil then break end
+  if id then
+    out[#out + 1] = id
+    free = free - 1
   end
 end
 return out
 """
 
 
-def feed(r: redis.Redis, send: Callable[[str], None], *, capacity: int | None = None) -> list[str]:
-    """Release held batch items into idle capacity and send their render messages; returns their ids.
+def feed(r: redis.Redis, send: Callable[[str], None], *, capacity: int | None = None,
+         interactive_streak: int = 0) -> list[str]:
+    """Release held batch-lane jobs (batch items, held single jobs) into idle capacity and send their render
+    messages; returns their ids.
 
-    `capacity` defaults to the live workers. A send that fails leaves the item in `h3b:queue` without a message:
-    the reaper re-sends it after its grace period.
+    `capacity` defaults to the live workers. `interactive_streak` (H3BATCH_INTERACTIVE_STREAK; the worker's feeds
+    pass it, 0 turns the rule off) is the anti-starvation rule of core/lanes.py: once that many interactive jobs
+    started in a row while batch work was held, one held job is released whatever the capacity, and sent ahead of
+    the interactive messages waiting. A send that fails leaves the item in `h3b:queue` without a message: the reaper
+    re-sends it after its grace period.
     """
     capacity = ready_workers(r) if capacity is None else capacity
     if capacity <= 0:
         return []
-    released = r.eval(_FEED, 3, keys.QUEUE, keys.RUNNING, keys.BATCHES_ACTIVE, capacity, _FEED_MAX,
-                      keys.PREFIX + ":")
+    released = r.eval(_FEED, 5, keys.QUEUE, keys.RUNNING, keys.BATCHES_ACTIVE, keys.LANE_BATCH, keys.LANE_STREAK,
+                      capacity, _FEED_MAX, keys.PREFIX + ":", lanes.LANE_MEMBER, interactive_streak,
+                      repr(time.time()))
     for job_id in released:
         send(job_id)
     return list(released)
@@ -374,9 +411,10 @@ def check_finished(r: redis.Redis, batch_id: str, *, record_ttl_s: int, now: flo
                        f"{batch_id}:{BATCH_COMPLETED}"))
 
 
-def after_job(r: redis.Redis, job_id: str, send: Callable[[str], None], *, record_ttl_s: int) -> None:
+def after_job(r: redis.Redis, job_id: str, send: Callable[[str], None], *, record_ttl_s: int,
+              interactive_streak: int = 0) -> None:
     """A worker finished (or gave up) `job_id`: top up the render queue, and finish its batch if it was the last."""
-    feed(r, send)
+    feed(r, send, interactive_streak=interactive_streak)
     batch_id = r.hget(keys.job(job_id), "batch_id")
     if batch_id:
         check_finished(r, batch_id, record_ttl_s=record_ttl_s)

@@ -11,20 +11,22 @@ from __future__ import annotations
 import redis
 from celery import Celery
 
-from h3batch.core import defaults, keys, routing
+from h3batch.core import defaults, keys, lanes, routing
 
 ROUTE_FIELDS = ("width", "height", "seconds", "task", "precision")
 """The record fields `routing.queue_of` reads."""
 
 
 def send_render(sender: Celery, r: redis.Redis, job_id: str) -> str | None:
-    """Publish `h3batch.render(job_id)` on the job's capability queue; returns the queue, None (nothing sent) when
-    the record is gone (a deleted or expired job has nothing to render)."""
-    values = r.hmget(keys.job(job_id), list(ROUTE_FIELDS))
+    """Publish `h3batch.render(job_id)` on the job's capability queue, at the broker priority of its lane
+    (core/lanes.py: ahead of the rest once the anti-starvation rule promoted it); returns the queue, None (nothing
+    sent) when the record is gone (a deleted or expired job has nothing to render)."""
+    values = r.hmget(keys.job(job_id), [*ROUTE_FIELDS, "promoted_at"])
     if values[0] is None:
         return None
     queue = routing.queue_of({name: value or None for name, value in zip(ROUTE_FIELDS, values)})
-    sender.send_task(defaults.RENDER_TASK, args=[job_id], queue=queue)
+    sender.send_task(defaults.RENDER_TASK, args=[job_id], queue=queue,
+                     priority=lanes.message_priority(bool(values[-1])))
     return queue
 
 

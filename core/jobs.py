@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 
-from h3batch.core import defaults, keys, metrics, usage
+from h3batch.core import defaults, keys, lanes, metrics, usage
 
 
 class JobStatus(str, enum.Enum):
@@ -91,6 +91,7 @@ class JobSpec:
     inputs: dict[str, Any] | None = None  # input image keys in the artifact store: first_frame, last_frame, references
     loras: tuple[dict[str, Any], ...] = ()  # core/loras.check_loras' records: ref, scale, repo+revision or path
     timeout_s: float | None = None  # finish within this many seconds of creation, else fail `timeout`
+    priority: str = "interactive"  # core/lanes.Priority: `batch` holds the job for the feeder (core/lanes.py)
 
 
 
@@ -164,21 +165,29 @@ class TooManyActive(Exception):
 
 # One atomic step: refuse when the jobs queued (h3b:backlog: released and held batch items alike) number `cap`, or
 # the owner's queued + running jobs number `per_key`; else number the job and write record, indexes, queue entries
-# and first event. A check in Python before a MULTI lets concurrent creates all pass the check (issue 17 #9).
+# and first event; a job of the batch lane goes to the held lane set (and its member into the feeder's rotation)
+# instead of the render queue (core/lanes.py). A check in Python before a MULTI lets concurrent creates all pass the
+# check (issue 17 #9).
 # KEYS: queue, seq, record, jobs index, owner index, owner-status(queued) index, events, status counters, backlog,
-# owner-status(in_progress) index. ARGV: cap (0: none), per-key cap (0: none), job id, event data, events kept, then
-# the record's field/value pairs. Returns the sequence, or -1 (cap) / -2 (per key).
+# owner-status(in_progress) index, held lane set, active batches. ARGV: cap (0: none), per-key cap (0: none), job id,
+# event data, events kept, the lane's rotation member ('' for a job sent at once), then the record's field/value
+# pairs. Returns the sequence, or -1 (cap) / -2 (per key).
 _CREATE = """
 local cap = tonumber(ARGV[1])
 if cap > 0 and redis.call('zcard', KEYS[9]) >= cap then return -1 end
 local per_key = tonumber(ARGV[2])
 if per_key > 0 and redis.call('zcard', KEYS[6]) + redis.call('zcard', KEYS[10]) >= per_key then return -2 end
 local seq = redis.call('incr', KEYS[2])
-redis.call('hset', KEYS[3], 'seq', seq, unpack(ARGV, 6))
+redis.call('hset', KEYS[3], 'seq', seq, unpack(ARGV, 7))
 redis.call('zadd', KEYS[4], seq, ARGV[3])
 redis.call('zadd', KEYS[5], seq, ARGV[3])
 redis.call('zadd', KEYS[6], seq, ARGV[3])
-redis.call('zadd', KEYS[1], seq, ARGV[3])
+if ARGV[6] ~= '' then
+  redis.call('zadd', KEYS[11], seq, ARGV[3])
+  if not redis.call('lpos', KEYS[12], ARGV[6]) then redis.call('rpush', KEYS[12], ARGV[6]) end
+else
+  redis.call('zadd', KEYS[1], seq, ARGV[3])
+end
 redis.call('zadd', KEYS[9], seq, ARGV[3])
 redis.call('xadd', KEYS[7], 'MAXLEN', '~', ARGV[5], '*', 'event', 'status', 'data', ARGV[4])
 redis.call('hincrby', KEYS[8], 'queued', 1)
@@ -204,7 +213,8 @@ def optional_fields(spec: JobSpec) -> dict[str, Any]:
 
 def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None, max_queued: int | None = None,
                max_active_per_key: int = 0) -> dict[str, Any]:
-    """Write a queued record, index it and put it in the queue zsets (one Lua script); returns the record.
+    """Write a queued record, index it and put it in the queue zsets (one Lua script); returns the record. A job of
+    the batch lane is held instead (core/lanes.py): the caller then runs the feeder, not a send.
 
     With `max_queued`, raises QueueFull instead when that many jobs are queued (h3b:backlog, held batch items
     included); with `max_active_per_key`, TooManyActive when the owner has that many queued or running. Both are
@@ -218,16 +228,18 @@ def create_job(r: redis.Redis, spec: JobSpec, *, now: float | None = None, max_q
         "total_steps": defaults.TOTAL_STEPS, "progress": 0.0, "prompt": spec.prompt, "seconds": spec.seconds,
         "width": spec.width, "height": spec.height, "seed": spec.seed, "release": spec.release,
         "owner": spec.owner, "created_at": now, "attempt": 0, "task": spec.task, "precision": spec.precision,
+        "priority": spec.priority,
     }
     record.update(optional_fields(spec))
     if spec.api != "jobs":
         record["api"] = spec.api
     pairs = [item for field_value in _encode(record).items() for item in field_value]
-    seq = r.eval(_CREATE, 10, keys.QUEUE, keys.SEQ, keys.job(job_id), keys.JOBS_INDEX, keys.owner_jobs(spec.owner),
+    held = lanes.LANE_MEMBER if lanes.Priority(spec.priority) is lanes.Priority.BATCH else ""
+    seq = r.eval(_CREATE, 12, keys.QUEUE, keys.SEQ, keys.job(job_id), keys.JOBS_INDEX, keys.owner_jobs(spec.owner),
                  keys.owner_status(spec.owner, JobStatus.QUEUED.value), keys.events(job_id), keys.METRICS_JOBS,
-                 keys.BACKLOG, keys.owner_status(spec.owner, JobStatus.IN_PROGRESS.value),
-                 max_queued or 0, max_active_per_key or 0, job_id, json.dumps({"status": JobStatus.QUEUED.value}),
-                 EVENTS_KEPT, *pairs)
+                 keys.BACKLOG, keys.owner_status(spec.owner, JobStatus.IN_PROGRESS.value), keys.LANE_BATCH,
+                 keys.BATCHES_ACTIVE, max_queued or 0, max_active_per_key or 0, job_id,
+                 json.dumps({"status": JobStatus.QUEUED.value}), EVENTS_KEPT, held, *pairs)
     if int(seq) == -1:
         raise QueueFull(f"{max_queued} jobs are queued")
     if int(seq) == -2:
@@ -565,6 +577,7 @@ def claim_job(r: redis.Redis, job_id: str, worker: str, *, release_id: str, reco
        One whose lease lapsed lost its worker: re-claim with attempt + 1, or fail `worker_lost` past max_attempts.
     3. SET the lease NX, then `transition` to in_progress guarded by the attempt read in 1; drop the lease if
        that transition is refused.
+    4. Count the start in its lane (core/lanes.count_start: the anti-starvation streak).
     """
     record = load_job(r, job_id)
     if record is None or record["status"] not in (JobStatus.QUEUED.value, JobStatus.IN_PROGRESS.value):
@@ -594,6 +607,7 @@ def claim_job(r: redis.Redis, job_id: str, worker: str, *, release_id: str, reco
     if claimed is None:
         drop_lease(r, job_id, holder)
         return None
+    lanes.count_start(r, lanes.lane_of(claimed))
     return claimed, holder
 
 

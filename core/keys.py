@@ -30,7 +30,10 @@
 | `h3b:batch:{id}:items` | list | JSON `[job id, input index, custom_id]` per item, in input order |
 | `h3b:batch:{id}:pending` | zset | items not yet released to the render queue, score = item index |
 | `h3b:batch:{id}:crc` | hash | job id → CRC-32 of its MP4, computed once for the archive |
-| `h3b:batches:active` | list | batches with pending items; the feeder takes one item per batch in turn |
+| `h3b:batches:active` | list | batches with pending items (and `jobs` while batch-lane single jobs are held); the |
+| | | feeder takes one item per entry in turn |
+| `h3b:lanes:batch` | zset | held single jobs of the batch lane, score = creation sequence (core/lanes.py) |
+| `h3b:lanes:streak` | string | interactive starts in a row while batch work is held (the anti-starvation count) |
 | `h3b:batches:open` | zset | unfinished batches (score = creation time); the reaper pass checks them for completion |
 | `h3b:owner:{owner}:batches` | zset | one key's batch ids, score = creation sequence; GET /batches pages over it |
 | `h3b:metrics:jobs` | hash | counter per status: transitions into it (`queued` counts creations and requeues) |
@@ -67,6 +70,8 @@ Written by core/jobs.py::transition in the MULTI that finishes a job; read by wo
 EXPIRY = f"{PREFIX}:expiry"
 BATCHES_ACTIVE = f"{PREFIX}:batches:active"
 BATCHES_OPEN = f"{PREFIX}:batches:open"
+LANE_BATCH = f"{PREFIX}:lanes:batch"
+LANE_STREAK = f"{PREFIX}:lanes:streak"
 
 METRICS_JOBS = f"{PREFIX}:metrics:jobs"
 METRICS_ERRORS = f"{PREFIX}:metrics:errors"

@@ -252,6 +252,9 @@ _TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = 
     ("H3BATCH_MAX_PROMPT_CHARS", "max_prompt_chars", "4000", _positive_int, "service", "longest prompt accepted"),
     ("H3BATCH_MAX_BATCH", "max_batch", "1000", _positive_int, "service",
      "most job requests one POST /batches may carry (400 batch_too_large above it)"),
+    ("H3BATCH_INTERACTIVE_STREAK", "interactive_streak", "4", _positive_int, "worker",
+     "most interactive jobs that start in a row while batch-lane work waits; then one batch job goes next, ahead of "
+     "the interactive queue (the priority lanes' anti-starvation rule, docs/api.md \"Priority\")"),
     ("H3BATCH_LEASE_TTL_S", "lease_ttl_s", "30", _positive_float, "service",
      "a running job's lease lapses this long after its worker's last heartbeat (heartbeat period = min(5 s, "
      "TTL/3)); the reconciler then re-enqueues the job"),
@@ -425,6 +428,7 @@ class Settings:
     max_active_per_key: int = 1000
     max_prompt_chars: int = 4000
     max_batch: int = 1000
+    interactive_streak: int = 4
     lease_ttl_s: float = 30.0
     reconcile_interval_s: float = 10.0
     log_format: str = "kv"

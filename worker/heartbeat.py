@@ -155,7 +155,7 @@ class Heartbeat(threading.Thread):
         last_reap = 0.0
         while not self._stop_event.wait(self.settings.heartbeat_interval_s):
             try:  # held batch items into idle capacity (core/batches.py): catches any missed top-up
-                batches.feed(self.r, self.resend)
+                batches.feed(self.r, self.resend, interactive_streak=self.settings.interactive_streak)
             except redis.exceptions.RedisError as exc:
                 log.warning("batch feed failed error=%s", type(exc).__name__)
             if time.monotonic() - last_reap >= self.settings.reconcile_interval_s:

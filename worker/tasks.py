@@ -93,10 +93,11 @@ def _wait_for_disk(res: Resident) -> None:
 
 
 def _top_up(res: Resident, job_id: str) -> None:
-    """This worker is free again: release the next held batch item into the render queue (core/batches.py), and
-    finish the job's batch if this was its last item."""
+    """This worker is free again: release the next held batch item into the render queue (core/batches.py; or the
+    overdue one, core/lanes.py), and finish the job's batch if this was its last item."""
     try:
         batches.after_job(res.r, job_id, res.heartbeat.resend,
-                          record_ttl_s=res.settings.result_ttl_s + defaults.RECORD_GRACE_S)
+                          record_ttl_s=res.settings.result_ttl_s + defaults.RECORD_GRACE_S,
+                          interactive_streak=res.settings.interactive_streak)
     except redis.exceptions.RedisError as exc:  # the heartbeat's next feed and the reaper pass catch up
         log.warning("batch feed after job failed error=%s", type(exc).__name__, extra={"job_id": job_id})

@@ -12,7 +12,7 @@ import redis
 
 from h3batch.api import create_app
 from h3batch.api.enqueue import enqueue_render
-from h3batch.core import defaults, jobs, routing
+from h3batch.core import broker, defaults, jobs, lanes, routing
 from tests.service_stack import REPO
 
 FORBIDDEN = ("torch", "triton", "diffusers", "transformers", "h3batch.worker")
@@ -36,9 +36,10 @@ def test_importing_the_api_builds_no_celery_app_and_reads_no_environment():
 
 
 def _render_messages(url: str, queue: str) -> list[dict]:
+    """The messages waiting on `queue`, every priority list (an interactive job's go to priority 3: core/lanes.py)."""
     client = redis.Redis.from_url(url)
     try:
-        return [json.loads(raw) for raw in client.lrange(queue, 0, -1)]
+        return [json.loads(raw) for name in broker.ready_lists(queue) for raw in client.lrange(name, 0, -1)]
     finally:
         client.close()
 
@@ -76,6 +77,7 @@ def test_each_app_sends_on_its_own_redis_with_its_own_run_limit(redis_url, tmp_p
             for message in messages:
                 assert message["headers"]["task"] == defaults.RENDER_TASK
                 assert message["content-type"] == "application/json"
+                assert message["properties"]["priority"] == lanes.MESSAGE_PRIORITY
                 args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
                 assert args == [job_id] and kwargs == {}
         senders = [app.extensions["h3batch.celery"] for app in apps]

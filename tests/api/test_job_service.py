@@ -13,7 +13,7 @@ from h3batch.api.errors import ApiError
 from h3batch.api.jobs import JOBS
 from h3batch.api.openai_protocol import VIDEOS
 from h3batch.api.schemas import CreateJob
-from h3batch.core import celery_app, keys, routing
+from h3batch.core import broker, celery_app, keys, routing
 from h3batch.core.celery_app import make_celery
 from h3batch.core.jobs import JobStatus, load_job, transition
 from tests.conftest import SCRATCH_DB
@@ -62,7 +62,7 @@ def test_create_sends_one_message_and_an_idempotent_retry_replays_the_job(r, tmp
     again, replayed_again = job_service.create_job(caller, CreateJob(prompt="a", seed=3), VIDEOS, "k1", "fp")
     assert (replayed, replayed_again) == (False, True) and again["id"] == first["id"]
     assert first["status"] == "queued" and first["api"] == "openai" and first["owner"] == "owner-a"
-    assert r.llen(routing.queue_of(first)) == 1 and routing.queue_of(first) == "render.t2va.bf16.2436"
+    assert broker.ready_depth(r, routing.queue_of(first)) == 1 and routing.queue_of(first) == "render.t2va.bf16.2436"
     with pytest.raises(ApiError) as caught:
         job_service.create_job(caller, CreateJob(prompt="b"), VIDEOS, "k1", "other-fp")
     assert (caught.value.status, caught.value.code) == (422, "idempotency_key_reused")

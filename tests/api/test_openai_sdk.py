@@ -5,13 +5,17 @@ import io
 import time
 
 import av
+import numpy as np
 import openai
 import pytest
 import requests
 from openai import OpenAI
+from PIL import Image
 
+from h3batch.api import media
 from h3batch.worker.h3.mp4 import probe_mp4
 from tests.api.conftest import KEY_A, KEY_B, auth
+from tests.service_stack import REPO
 
 MODEL = "FastVideo/FastVideo-FastH3-8-Step-V2"
 # openai warns on every videos call that OpenAI's own Sora API shuts down in 2026; h3batch keeps the format.
@@ -149,3 +153,51 @@ def test_list_pages_with_after_cursor(stack):
     finally:
         for video_id in made:
             sdk.videos.delete(video_id)
+
+
+def test_spritesheet_variant_is_a_grid_of_the_clips_frames_with_head_range_and_etag(stack, compat_artifacts):
+    """variant=spritesheet (the SDK names it): a JPEG of 4x4 tiles of 160x80 for a 256x128 clip of 107 frames,
+    each tile the frame media.sprite_layout picked (tiles differ where those frames differ), stored beside the MP4;
+    HEAD, Range and If-None-Match answer as for the other variants; the document and docs/api.md list it."""
+    sdk = client(stack.base)
+    video = sdk.videos.create(model=MODEL, prompt="waves at dusk", seconds="4", size="256x128")
+    video = poll_video(sdk, video.id, timeout_s=600)  # a hang guard: a loaded machine renders slowly
+    assert video.status == "completed", video.error
+    sheet_bytes = sdk.videos.download_content(video.id, variant="spritesheet").read()
+    indices, cols, rows, tile_w, tile_h = media.sprite_layout(107, 256, 128)
+    with Image.open(io.BytesIO(sheet_bytes)) as sheet:
+        assert sheet.format == "JPEG" and sheet.size == (cols * tile_w, rows * tile_h) == (640, 320)
+        pixels = np.asarray(sheet.convert("RGB"), dtype=np.float64)
+    tiles = [pixels[s // cols * tile_h:(s // cols + 1) * tile_h, s % cols * tile_w:(s % cols + 1) * tile_w]
+             for s in range(len(indices))]
+    url = f"{stack.base}/v1/videos/{video.id}/content"
+    mp4 = requests.get(url, headers=auth(), timeout=60).content
+    with av.open(io.BytesIO(mp4)) as container:
+        frames = [f.to_image() for i, f in enumerate(container.decode(video=0)) if i in indices]
+    sources = [np.asarray(f.resize((tile_w, tile_h), Image.Resampling.LANCZOS), dtype=np.float64) for f in frames]
+    assert len(sources) == len(tiles)
+
+    def far(x, y) -> float:
+        return float(np.abs(x - y).mean())
+
+    for a, tile in enumerate(tiles):  # each tile is nearest its own frame; where the frames differ, so do the tiles
+        for b, other in enumerate(sources):
+            if b != a and far(sources[a], other) > 1:
+                assert far(tile, sources[a]) < far(tile, other) and far(tile, tiles[b]) > 1, (a, b)
+    assert (compat_artifacts / video.id / "spritesheet.jpg").read_bytes() == sheet_bytes
+
+    variant = {"variant": "spritesheet"}
+    head = requests.head(url, params=variant, headers=auth(), timeout=60)
+    assert head.status_code == 200 and head.headers["Content-Type"] == "image/jpeg" and not head.content
+    assert int(head.headers["Content-Length"]) == len(sheet_bytes) and head.headers["Accept-Ranges"] == "bytes"
+    part = requests.get(url, params=variant, headers={**auth(), "Range": "bytes=10-109"}, timeout=60)
+    assert part.status_code == 206 and part.content == sheet_bytes[10:110]
+    assert part.headers["Content-Range"] == f"bytes 10-109/{len(sheet_bytes)}"
+    same = requests.get(url, params=variant, headers={**auth(), "If-None-Match": head.headers["ETag"]}, timeout=60)
+    assert same.status_code == 304
+
+    doc = requests.get(f"{stack.base}/openapi.json", timeout=60).json()
+    content = doc["paths"]["/v1/videos/{video_id}/content"]["get"]
+    assert "spritesheet" in content["parameters"][1]["schema"]["enum"]
+    assert "image/jpeg" in content["responses"]["200"]["content"]
+    assert "| `variant=spritesheet` | ✓ | `image/jpeg`" in (REPO / "docs" / "api.md").read_text()

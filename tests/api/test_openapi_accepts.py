@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from h3batch.api.errors import ApiError
 from h3batch.api.idempotency import MAX_KEY_CHARS, parse_key
-from h3batch.api.openai_protocol import _ACCEPTED, DEFAULT_MODEL_ID, create_body_schema, parse_create, validated
+from h3batch.api.openai_protocol import (_ACCEPTED, DEFAULT_MODEL_ID, VideoObject, create_body_schema, parse_create,
+                                         validated)
 from h3batch.api.openapi import _IDEMPOTENCY_KEY, model_schemas
 from h3batch.api.schemas import CreateJob
 
@@ -123,6 +124,17 @@ def test_the_document_states_precision_and_task_on_both_create_routes():
     videos = create_body_schema()["properties"]["precision"]
     assert {"type": "string", "enum": ["bf16", "fp8"]} in videos["anyOf"]
     assert {"task", "precision"} <= set(model_schemas()["Job"]["properties"])
+
+
+def test_the_document_states_priority_on_both_create_routes_and_the_job():
+    """`priority` (interactive, batch) on POST /jobs and /v1/videos, and on the job and video objects."""
+    job = model_schemas()["CreateJob"]["properties"]["priority"]
+    assert [f.get("enum") for f in job["anyOf"] if "enum" in f] == [["interactive", "batch"]]
+    assert "H3BATCH_INTERACTIVE_STREAK" in job["description"]
+    videos = create_body_schema()["properties"]["priority"]
+    assert {"type": "string", "enum": ["interactive", "batch"]} in videos["anyOf"]
+    assert model_schemas()["Job"]["properties"]["priority"]["enum"] == ["interactive", "batch"]
+    assert VideoObject.model_json_schema()["properties"]["priority"]["enum"] == ["interactive", "batch"]
 
 
 def test_the_document_names_the_model_this_server_serves(tmp_path):
