@@ -38,7 +38,7 @@ def _assert_envelope(reply: requests.Response, status: int, code: str | None = N
     (b"prompt=a+cat", "application/x-www-form-urlencoded", 400, "invalid_json"),
     (b"<job><prompt>a cat</prompt></job>", "application/xml", 400, "invalid_json"),
     (b"--zz\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\na cat\r\n--zz\r\nContent-Disposition: "
-     b"form-data; name=\"priority\"\r\n\r\n9\r\n--zz--\r\n", "multipart/form-data; boundary=zz", 400,
+     b"form-data; name=\"urgency\"\r\n\r\n9\r\n--zz--\r\n", "multipart/form-data; boundary=zz", 400,
      "unsupported_parameter"),  # multipart is a create body (for images); an unknown field is refused
     (b"\xff\xfe\x00\x01 not utf-8", JSON, 400, "invalid_json"),
     (b"[1, 2, 3]", JSON, 400, "invalid_json"),
@@ -60,7 +60,8 @@ def _assert_envelope(reply: requests.Response, status: int, code: str | None = N
     (b'{"prompt": "x", "seconds": NaN}', JSON, 400, "unsupported_duration"),
     (b'{"prompt": "x", "seconds": -Infinity}', JSON, 400, "unsupported_duration"),
     (b'{"prompt": "x", "seconds": "four"}', JSON, 400, "invalid_request"),
-    (b'{"prompt": "x", "priority": 9}', JSON, 400, "unsupported_parameter"),
+    (b'{"prompt": "x", "urgency": 9}', JSON, 400, "unsupported_parameter"),  # not a field of the request
+    (b'{"prompt": "x", "priority": 9}', JSON, 400, "invalid_request"),  # a field, with a value it does not take
     (b'{"prompt": ["x"]}', JSON, 400, "invalid_request"),
 ])
 def test_bad_create_bodies_get_a_4xx_envelope(keyed_stack, data, content_type, status, code):
