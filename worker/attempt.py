@@ -263,6 +263,10 @@ class Attempt:
         return done
 
     def finish_completed(self, result: Any, published: dict[str, Any]) -> None:
+        # Each outcome's line is logged before its transition, so a client that sees the job finished also finds the
+        # line in GET /jobs/{id}/logs (logged after, it raced the client's read).
+        log.info("render completed frames=%d bytes=%d seconds=%.3f", result.frames, published["size_bytes"],
+                 sum(published["timings"].values()), extra=self.log_extra)
         now = time.time()
         done = self.finish(JobStatus.COMPLETED, {
             "stage": Stage.FINALIZE, "progress": 1.0, "step": self.record["total_steps"], **published,
@@ -270,24 +274,21 @@ class Attempt:
             "expires_at": now + self.res.settings.result_ttl_s})
         if done is None:  # finish() already removed the files
             log.info("render finished but the job was deleted or cancelled meanwhile", extra=self.log_extra)
-        else:
-            log.info("render completed frames=%d bytes=%d seconds=%.3f", result.frames, published["size_bytes"],
-                     sum(published["timings"].values()), extra=self.log_extra)
 
     def finish_cancelled(self) -> None:
         """Cancel requested, or the lease was lost to another attempt or to the run deadline."""
-        self.finish(JobStatus.CANCELLED, {"cancelled_at_stage": self.stage})
         if self.res.deadline.fired(self.job_id):
             log.info("render stopped after its run deadline stage=%s", self.stage, extra=self.log_extra)
         else:
             log.info("render cancelled stage=%s", self.stage, extra=self.log_extra)
+        self.finish(JobStatus.CANCELLED, {"cancelled_at_stage": self.stage})
         _free_accelerator_memory()
 
     def finish_refused(self, exc: JobError) -> None:
         """The job cannot run here (bad request, other release): fails with the error's code and message."""
+        log.info("render refused code=%s message=%s", exc.code, exc.message, extra=self.log_extra)
         self.finish(JobStatus.FAILED, {"error": {"code": exc.code, "message": exc.message,
                                                  "retryable": exc.retryable, "stage": self.stage}})
-        log.info("render refused code=%s message=%s", exc.code, exc.message, extra=self.log_extra)
 
     def finish_out_of_memory(self, exc: Exception, kind) -> None:
         """Host or GPU memory ran out mid-render (worker/memory_errors.py): the job fails `out_of_memory` (not
