@@ -90,7 +90,7 @@ _FLAG_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
 
 
 def _flag_word(value: Any) -> Any:
-    # Restricts pydantic's bool, which would also take t/f/y/n, to the words docs/service.md promises.
+    # Restricts pydantic's bool, which would also take t/f/y/n, to the eight words h3batch has always taken.
     if isinstance(value, str) and value.lower() not in _FLAG_WORDS:
         raise ValueError(f"expected 1/0, true/false, yes/no or on/off, found {value[:80]!r}")
     return value
@@ -252,8 +252,8 @@ class Settings(BaseSettings):
         "shared directory for MP4s (worker writes, API reads and deletes); with an s3:// artifact store, the "
         "worker's scratch space for the render in progress")
     artifact_store: ArtifactStore = _var("", "service",
-        "where finished MP4s live: unset keeps them in H3BATCH_ARTIFACTS_DIR; `s3://BUCKET/PREFIX` puts them in"
-        " S3-compatible object storage (credentials and region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+        "where finished MP4s live: unset keeps them in H3BATCH_ARTIFACTS_DIR; `s3://BUCKET/PREFIX` puts them "
+        "in S3-compatible object storage (credentials and region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
         "AWS_DEFAULT_REGION; the artifacts dir is then the worker's scratch space)",
         shown="(unset: H3BATCH_ARTIFACTS_DIR)")
     s3_endpoint_url: HttpURL = _var(None, "service",
@@ -316,8 +316,8 @@ class Settings(BaseSettings):
         "Bearer token GET /metrics requires (Prometheus' `authorization` credentials); unset, only loopback "
         "clients without proxy headers may scrape", shown="(unset: loopback only)", secret=True)
     default_precision: Annotated[Literal["bf16", "fp8"], _LOWER] = _var("bf16", "api",
-        "precision a job gets when it asks for none: `bf16` (the release's semantics; such a job never lands on"
-        " an fp8 worker) or `fp8` (the operator accepts fp8 output for jobs that do not ask); see docs/api.md "
+        "precision a job gets when it asks for none: `bf16` (the release's semantics; such a job never lands on "
+        "an fp8 worker) or `fp8` (the operator accepts fp8 output for jobs that do not ask); see docs/api.md "
         '"Routing"')
     lora_allow: LoraAllow = _var((), "service",
         "per-job LoRA allow-list, comma-separated: `name=org/repo@<40-hex commit>` (a Hub adapter a job names "
@@ -346,9 +346,9 @@ class Settings(BaseSettings):
         "when the longest clip fits beside it), `resident` (GPU), `offload` (host memory, copied to the GPU to "
         "encode), `stream` (host memory, one layer at a time on the GPU); see docs/performance.md")
     precision: Annotated[Literal["bf16", "fp8"], _LOWER] = _var("bf16", "worker",
-        "DiT precision of this worker: `bf16` (the release's semantics) or `fp8` (opt-in: the DiT block linears"
-        " in e4m3 with row-wise scales, quantized once at load; needs a GPU of compute capability >= 8.9; error"
-        " figures in docs/performance.md); advertised in its heartbeat, jobs route by it (docs/service.md "
+        "DiT precision of this worker: `bf16` (the release's semantics) or `fp8` (opt-in: the DiT block linears "
+        "in e4m3 with row-wise scales, quantized once at load; needs a GPU of compute capability >= 8.9; error "
+        "figures in docs/performance.md); advertised in its heartbeat, jobs route by it (docs/service.md "
         '"Routing")')
     adapter: str | None = _var(None, "worker",
         "the legacy FastH3 four-step adapter fused into the native release's DiT at start: a folder or a Hub "
@@ -372,8 +372,8 @@ class Settings(BaseSettings):
     min_free_disk_mb: NonNegativeInt = _var(1024, "worker",
         "free space H3BATCH_ARTIFACTS_DIR (render scratch; the MP4s with a local store) must have for the "
         "worker to take a job; below it, or after a write failed with ENOSPC/EDQUOT (the job then goes back to "
-        "the queue), the worker takes no jobs and its heartbeat and /readyz say DISK_FULL with the reason until"
-        " space is back (worker/disk.py; 0: no floor, a failed write still stops it)")
+        "the queue), the worker takes no jobs and its heartbeat and /readyz say DISK_FULL with the reason until "
+        "space is back (worker/disk.py; 0: no floor, a failed write still stops it)")
     debug_step_delay_s: NonNegativeFloat = _var(0.0, "worker",
         "test knob: the worker sleeps this long at each progress report (widens cancel windows in tests)")
     max_rows: PositiveInt | None = _var(None, "worker",
