@@ -1,13 +1,32 @@
-"""Every `H3BATCH_*` environment variable, declared once and read once at the edge into a frozen `Settings`.
+"""Every `H3BATCH_*` environment variable, declared once as a field of the frozen `Settings` and read once at the edge.
 
-`VARS` lists each variable with its default (as docs show it) and a doc line; docs/service.md's table is checked
-against it by tests/h3batch/test_settings.py, which also greps the product code for any `H3BATCH_*` name missing here.
-`Settings.from_env()` parses them all (a bad value raises `ConfigError` naming the variable, which the `h3batch`
+pydantic-settings does the reading: `Settings` is a `BaseSettings` with env_prefix `H3BATCH_`, so the field
+`max_run_s` is the variable H3BATCH_MAX_RUN_S (H3BATCH_RELEASE, the one name that is not its field's, is an alias),
+and pydantic turns the text into the field's type and checks the constraint its annotation carries (`PositiveInt`,
+`Literal[...]`, a pattern). Each field's default, description and room (who reads it) generate docs/service.md's
+table (`python -m h3batch.settings` prints it; tests/h3batch/test_settings.py checks it and greps the product code for
+any `H3BATCH_*` name not declared here). `VARS` lists the variables in that order for code that needs the names.
+
+`Settings.from_env()` reads them all (a bad value raises `ConfigError` naming the variable, which the `h3batch`
 commands print as one line before exiting 2); each process calls it at start and passes the object (or the part a
-room needs: `WebhookSettings`, `RateLimits`, `SweepSettings`) down.
+room builds from it: `WebhookSettings`, `SweepSettings`, the API's rate limits) down. A bare `Settings(**fields)`
+reads no environment: it is the defaults plus what it is given, for tests and for code that wants the defaults.
 
-This module is the bottom floor: stdlib only, so the API, the worker, the kernels and the load runner can all read
-their configuration from it without importing each other.
+Hand-written, and why:
+- `_one_line`: pydantic's `ValidationError` is several lines, quotes the input (a secret too) and speaks of fields;
+  the operator gets `H3BATCH_MAX_RUN_S: expected ..., found ...`, one line, with a secret's value never in it.
+- `_EnvSource` (pydantic-settings' environment source): it also reads a given mapping (tests, `env_value`), and only
+  the declared names as written (pydantic-settings would also take `h3batch_max_run_s`), stripped, blank = unset.
+- The checks pydantic has no type for: a `whsec_` webhook secret (base64 and the Standard Webhooks key length,
+  checked at start so a bad secret stops every process with one line, never echoing it), the `s3://` artifact store
+  (bucket rules, normalised to the form the store code expects), the LoRA allow-list grammar (shared with
+  core/loras.py), the debug out-of-memory switch, the Hub release forms and the pinned-release rule across two
+  variables. Flags take the eight documented words only (pydantic's bool would also take t/f/y/n).
+- The checks of the host (Redis reachable, directories writable, a release on disk) are not parsing: they stay in
+  h3batch.core.startup_checks, which the commands run after `from_env()`.
+
+This module is the bottom floor: the standard library and pydantic-settings only, so the API, the worker, the
+kernels and the load runner can all read their configuration from it without importing each other.
 """
 from __future__ import annotations
 
@@ -16,10 +35,14 @@ import binascii
 import os
 import re
 import socket
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 
 class ConfigError(ValueError):
@@ -34,145 +57,121 @@ class Var:
     field: str
     default: str
     doc: str
-    room: str  # who reads it: service, worker, api, webhooks, kernels, loadrunner, client
+    room: str  # who reads it: service, worker, api, webhooks, kernels, loadrunner, client, bench
 
 
-# --- parsers: each takes the raw text (already stripped, never empty) and the variable name for its message ---
-
-def _int_at_least(minimum: int, expected: str) -> Callable[[str, str], int]:
-    def parse(name: str, raw: str) -> int:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ConfigError(f"{name}: expected an integer, found {raw!r}") from None
-        if value < minimum:
-            raise ConfigError(f"{name}: expected {expected}, found {value}")
-        return value
-    return parse
+ROOMS = ("service", "api", "worker", "webhooks", "kernels", "loadrunner", "client", "bench")
 
 
-def _number(*, positive: bool) -> Callable[[str, str], float]:
-    def parse(name: str, raw: str) -> float:
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ConfigError(f"{name}: expected a number, found {raw!r}") from None
-        if not 0 <= value < float("inf"):  # also refuses nan
-            raise ConfigError(f"{name}: expected a number >= 0, found {raw!r}")
-        if positive and value == 0:
-            raise ConfigError(f"{name}: expected a number > 0, found {raw!r}")
-        return value
-    return parse
+# --- the kinds of value: pydantic types and constraints, with the words a ConfigError uses for them ---
+
+@dataclass(frozen=True)
+class Expect:
+    """What a constrained kind of value expects, as its ConfigError says it ("expected a positive integer")."""
+
+    text: str
 
 
-_positive_int = _int_at_least(1, "a positive integer")
-_non_negative_int = _int_at_least(0, "an integer >= 0")
-_beat_lock_ttl = _int_at_least(3, "at least 3 seconds")
-_positive_float = _number(positive=True)
-_non_negative_float = _number(positive=False)
+PositiveInt = Annotated[int, Field(ge=1), Expect("a positive integer")]
+NonNegativeInt = Annotated[int, Field(ge=0), Expect("an integer >= 0")]
+BeatLockTTL = Annotated[int, Field(ge=3), Expect("at least 3 seconds")]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False), Expect("a number > 0")]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False), Expect("a number >= 0")]
+Ranks = Annotated[str, Field(pattern=r"^(auto|0*[1-9][0-9]*)$"), Expect("a positive integer or 'auto'")]
+"""`auto` stays text: it needs torch to count GPUs, so the worker resolves it when the pipeline loads."""
+
+_LOWER = BeforeValidator(lambda v: v.lower() if isinstance(v, str) else v)
+"""Choices are case-insensitive: `JSON` is `json`."""
+
+LogLevel = Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                     BeforeValidator(lambda v: v.upper() if isinstance(v, str) else v)]
+
+_FLAG_WORDS = ("1", "true", "yes", "on", "0", "false", "no", "off")
 
 
-def _flag(name: str, raw: str) -> bool:
-    value = raw.lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{name}: expected 1/0, true/false, yes/no or on/off, found {raw!r}")
+def _flag_word(value: Any) -> Any:
+    # Restricts pydantic's bool, which would also take t/f/y/n, to the eight words h3batch has always taken.
+    if isinstance(value, str) and value.lower() not in _FLAG_WORDS:
+        raise ValueError(f"expected 1/0, true/false, yes/no or on/off, found {value[:80]!r}")
+    return value
 
 
-def _choice(*allowed: str) -> Callable[[str, str], str]:
-    def parse(name: str, raw: str) -> str:
-        if raw.lower() not in allowed:
-            raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, found {raw!r}")
-        return raw.lower()
-    return parse
+Flag = Annotated[bool, BeforeValidator(_flag_word)]
 
 
-def _ranks(name: str, raw: str) -> str:
-    # "auto" needs torch to count GPUs, so the worker resolves it when the pipeline loads.
-    if raw != "auto" and not (raw.isascii() and raw.isdigit() and int(raw) >= 1):
-        raise ConfigError(f"{name}: expected a positive integer or 'auto', found {raw!r}")
-    return raw
+def _comma_list(value: Any) -> Any:
+    # `a, b,` -> ("a", "b"); NoDecode keeps pydantic-settings from reading the text as JSON first.
+    return tuple(k.strip() for k in value.split(",") if k.strip()) if isinstance(value, str) else value
+
+
+CommaList = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_comma_list)]
+
+_URL_RE = r"^https?://[^\s/?#]+(/[^\s?#]*)?$"
+HttpURL = Annotated[str | None, Field(pattern=_URL_RE), AfterValidator(lambda v: v.rstrip("/") if v else v),
+                    Expect("an http:// or https:// URL")]
 
 
 DEBUG_OOM_STAGES = ("text_encode", "denoise", "decode", "mux")
 """Stages H3BATCH_DEBUG_OOM_AT may name: worker/pipeline.py STAGES (a test checks they agree)."""
 
 
-def _oom_at(name: str, raw: str) -> tuple[str, int]:
+def _oom_at(value: Any) -> Any:
     # `stage` or `stage:min_rows`: the injected CUDA out-of-memory error of worker/oom.py.
-    stage, _, rows = raw.partition(":")
+    if not isinstance(value, str):
+        return value
+    stage, _, rows = value.partition(":")
     if stage not in DEBUG_OOM_STAGES:
-        raise ConfigError(f"{name}: expected <stage> or <stage>:<min rows> with stage one of "
-                          f"{', '.join(DEBUG_OOM_STAGES)}, found {raw!r}")
-    if not rows:
-        return stage, 0
-    if not (rows.isascii() and rows.isdigit()):
-        raise ConfigError(f"{name}: expected a non-negative integer row count after ':', found {raw!r}")
-    return stage, int(rows)
+        raise ValueError(f"expected <stage> or <stage>:<min rows> with stage one of {', '.join(DEBUG_OOM_STAGES)}, "
+                         f"found {value[:80]!r}")
+    if rows and not (rows.isascii() and rows.isdigit()):
+        raise ValueError(f"expected a non-negative integer row count after ':', found {value[:80]!r}")
+    return stage, int(rows or 0)
 
 
-def _keys(name: str, raw: str) -> tuple[str, ...]:
-    return tuple(k.strip() for k in raw.split(",") if k.strip())
-
-
-def _text(name: str, raw: str) -> str:
-    return raw
-
-
-def _path(name: str, raw: str) -> Path:
-    return Path(raw)
-
+OomAt = Annotated[tuple[str, int] | None, NoDecode, BeforeValidator(_oom_at)]
 
 WEBHOOK_SECRET_BYTES = (24, 64)
 """Key length range of a `whsec_` secret, as the Standard Webhooks specification sets it."""
 
 
-def _webhook_secret(name: str, raw: str) -> str:
+def _webhook_secret(value: str | None) -> str | None:
     # Checked here, at start, so a bad secret stops the API and every worker with one line instead of failing
     # inside the signer on every delivery attempt. The value itself never appears in the message.
     # A secret without the prefix is used as its UTF-8 bytes (docs/api.md), so only the whsec_ form has a format.
-    if not raw.startswith("whsec_"):
-        return raw
+    if value is None or not value.startswith("whsec_"):
+        return value
     try:
-        key = base64.b64decode(raw[len("whsec_"):], validate=True)
+        key = base64.b64decode(value[len("whsec_"):], validate=True)
     except binascii.Error:
-        raise ConfigError(f"{name}: expected 'whsec_' followed by base64, found text after whsec_ that is not "
-                          f"valid base64") from None
+        raise ValueError("expected 'whsec_' followed by base64, found text after whsec_ that is not valid "
+                         "base64") from None
     low, high = WEBHOOK_SECRET_BYTES
     if not low <= len(key) <= high:
-        raise ConfigError(f"{name}: expected a key of {low} to {high} bytes after whsec_, found {len(key)} bytes")
-    return raw
+        raise ValueError(f"expected a key of {low} to {high} bytes after whsec_, found {len(key)} bytes")
+    return value
 
+
+WebhookSecret = Annotated[str | None, AfterValidator(_webhook_secret)]
 
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 """S3 bucket names: 3..63 lower-case letters, digits, dots and hyphens, starting and ending with a letter or digit."""
 
 
-def _artifact_store(name: str, raw: str) -> str:
+def _artifact_store(value: str) -> str:
     # `s3://BUCKET` or `s3://BUCKET/PREFIX`; normalised to `s3://bucket/prefix/` (prefix empty or ending in /).
-    if not raw.startswith("s3://"):
-        raise ConfigError(f"{name}: expected s3://BUCKET/PREFIX (unset: the local H3BATCH_ARTIFACTS_DIR), "
-                          f"found {raw[:80]!r}")
-    bucket, _, prefix = raw[len("s3://"):].partition("/")
+    # "" is the unset default: the local H3BATCH_ARTIFACTS_DIR.
+    if not value:
+        return value
+    if not value.startswith("s3://"):
+        raise ValueError(f"expected s3://BUCKET/PREFIX (unset: the local H3BATCH_ARTIFACTS_DIR), found {value[:80]!r}")
+    bucket, _, prefix = value[len("s3://"):].partition("/")
     if not _BUCKET_RE.fullmatch(bucket) or ".." in bucket:
-        raise ConfigError(f"{name}: expected an S3 bucket name (3..63 of a-z 0-9 . -) after s3://, found {bucket!r}")
+        raise ValueError(f"expected an S3 bucket name (3..63 of a-z 0-9 . -) after s3://, found {bucket!r}")
     prefix = prefix.strip("/")
     return f"s3://{bucket}/{prefix + '/' if prefix else ''}"
 
 
-def _http_url(name: str, raw: str) -> str:
-    if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", raw):
-        raise ConfigError(f"{name}: expected an http:// or https:// URL, found {raw[:80]!r}")
-    return raw.rstrip("/")
-
-
-def _level(name: str, raw: str) -> str:
-    value = raw.upper()
-    if value not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
-        raise ConfigError(f"{name}: expected DEBUG, INFO, WARNING, ERROR or CRITICAL, found {raw!r}")
-    return value
+ArtifactStore = Annotated[str, AfterValidator(_artifact_store)]
 
 
 HUB_RELEASE_RE = re.compile(
@@ -206,287 +205,230 @@ LORA_ALLOW_ENTRY_RE = re.compile(
 """One H3BATCH_LORA_ALLOW entry: `name=org/repo@<commit>`, `name=/absolute/folder` or a bare `org/repo@<commit>`."""
 
 
-def _lora_allow(name: str, raw: str) -> tuple[str, ...]:
+def _lora_allow(entries: tuple[str, ...]) -> tuple[str, ...]:
     # Kept as the entries' text; h3batch.core.loras.policy_of reads them. A folder needs a name to be asked by.
-    entries = tuple(e.strip() for e in raw.split(",") if e.strip())
     for entry in entries:
         match = LORA_ALLOW_ENTRY_RE.fullmatch(entry)
         if match is None or (match["path"] and not match["name"]):
-            raise ConfigError(f"{name}: expected name=org/repo@<40-hex commit>, name=/absolute/folder or "
-                              f"org/repo@<40-hex commit>, found {entry[:120]!r}")
+            raise ValueError(f"expected name=org/repo@<40-hex commit>, name=/absolute/folder or "
+                             f"org/repo@<40-hex commit>, found {entry[:120]!r}")
     return entries
 
 
-# name, Settings field, default shown in docs, parser, room, doc line. Order: the table in docs/service.md.
-_TABLE: tuple[tuple[str, str, str, Callable[[str, str], Any], str, str], ...] = (
+LoraAllow = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_comma_list), AfterValidator(_lora_allow)]
+
+
+def _var(default: Any, room: str, doc: str, *, shown: str | None = None, secret: bool = False,
+         alias: str | None = None) -> Any:
+    """One variable's field: its default (a function: computed per `Settings`), who reads it, its doc line; `shown`
+    is the default as docs show it where the value is not literal (`(unset: ...)`, `<release>/../hf-cache`); a
+    secret is left out of repr; `alias` is the variable's name where it is not H3BATCH_ + the field's."""
+    where = {"default_factory": default} if callable(default) else {"default": default}
+    return Field(**where, description=doc, repr=not secret, validation_alias=alias,
+                 json_schema_extra={"room": room, "shown": shown})
+
+
+def _host_and_pid() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Settings(BaseSettings):
+    """Everything an h3batch process reads from its environment, in the order docs/service.md lists it (field
+    defaults = unset variables)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="H3BATCH_",
+        env_ignore_empty=True,
+        frozen=True,
+        extra="forbid",
+        validate_by_name=True,  # Settings(release_dir=...) as well as the alias H3BATCH_RELEASE
+        validate_default=False,  # defaults are the unset state ("" store, None secret), not values to check
+    )
+
     # service (API and worker)
-    ("H3BATCH_REDIS_URL", "redis_url", "redis://127.0.0.1:6379/0", _text, "service",
-     "Redis URL: Celery broker and job records (give h3batch its own DB)"),
-    ("H3BATCH_ARTIFACTS_DIR", "artifacts_dir", "var/artifacts", _path, "service",
-     "shared directory for MP4s (worker writes, API reads and deletes); with an s3:// artifact store, the worker's "
-     "scratch space for the render in progress"),
-    ("H3BATCH_ARTIFACT_STORE", "artifact_store", "(unset: H3BATCH_ARTIFACTS_DIR)", _artifact_store, "service",
-     "where finished MP4s live: unset keeps them in H3BATCH_ARTIFACTS_DIR; `s3://BUCKET/PREFIX` puts them in "
-     "S3-compatible object storage (credentials and region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
-     "AWS_DEFAULT_REGION; the artifacts dir is then the worker's scratch space)"),
-    ("H3BATCH_S3_ENDPOINT_URL", "s3_endpoint_url", "(unset: AWS S3)", _http_url, "service",
-     "endpoint of a non-AWS S3-compatible store (MinIO, R2, ...), addressed path-style; presigned URLs name it, so "
-     "clients must reach it"),
-    ("H3BATCH_ARTIFACT_REDIRECT", "artifact_redirect", "0", _flag, "api",
-     "with an s3:// store: GET .../content answers 307 to a presigned URL instead of streaming through the API"),
-    ("H3BATCH_RELEASE", "release_dir", "var/tiny-release", _text, "service",
-     "release the worker serves: a directory, or a Hub repo `org/name`, `org/name@revision`, "
-     "`hf://org/name@revision` (fetched into the Hugging Face cache; see docs/model.md)"),
-    ("H3BATCH_MAX_RUN_S", "max_run_s", "600", _positive_int, "service",
-     "longest render: a job claimed longer ago fails `run_deadline`; visibility timeout is twice this"),
-    ("H3BATCH_MAX_JOB_TIMEOUT_S", "max_job_timeout_s", "3600", _positive_int, "service",
-     "largest `timeout_s` a job may ask for (seconds from its creation to its end; a job past it fails `timeout`); "
-     "a larger one is 400 `invalid_request`"),
-    ("H3BATCH_RESULT_TTL_S", "result_ttl_s", "86400", _positive_int, "service",
-     "seconds a finished MP4 stays downloadable"),
-    ("H3BATCH_MAX_QUEUED", "max_queued", "4000", _positive_int, "service",
-     "queued jobs (batch items included) at which a create answers 503 queue_full; a batch must fit whole"),
-    ("H3BATCH_MAX_ACTIVE_PER_KEY", "max_active_per_key", "1000", _positive_int, "service",
-     "queued + running jobs (batch items included) one API key may have; a create past it answers 429 "
-     "too_many_active_jobs (no limit with no API keys)"),
-    ("H3BATCH_MAX_PROMPT_CHARS", "max_prompt_chars", "4000", _positive_int, "service", "longest prompt accepted"),
-    ("H3BATCH_MAX_BATCH", "max_batch", "1000", _positive_int, "service",
-     "most job requests one POST /batches may carry (400 batch_too_large above it)"),
-    ("H3BATCH_INTERACTIVE_STREAK", "interactive_streak", "4", _positive_int, "worker",
-     "most interactive jobs that start in a row while batch-lane work waits; then one batch job goes next, ahead of "
-     "the interactive queue (the priority lanes' anti-starvation rule, docs/api.md \"Priority\")"),
-    ("H3BATCH_LEASE_TTL_S", "lease_ttl_s", "30", _positive_float, "service",
-     "a running job's lease lapses this long after its worker's last heartbeat (heartbeat period = min(5 s, "
-     "TTL/3)); the reconciler then re-enqueues the job"),
-    ("H3BATCH_RECONCILE_INTERVAL_S", "reconcile_interval_s", "10", _positive_float, "service",
-     "how often one worker (under a lock) re-enqueues running jobs whose lease lapsed"),
-    ("H3BATCH_LOG_FORMAT", "log_format", "kv", _choice("kv", "json"), "service",
-     "`kv` (key=value lines) or `json` (JSON lines)"),
-    ("H3BATCH_LOG_LEVEL", "log_level", "INFO", _level, "service", "Python log level"),
+    redis_url: str = _var("redis://127.0.0.1:6379/0", "service",
+        "Redis URL: Celery broker and job records (give h3batch its own DB)")
+    artifacts_dir: Path = _var(Path("var/artifacts"), "service",
+        "shared directory for MP4s (worker writes, API reads and deletes); with an s3:// artifact store, the "
+        "worker's scratch space for the render in progress")
+    artifact_store: ArtifactStore = _var("", "service",
+        "where finished MP4s live: unset keeps them in H3BATCH_ARTIFACTS_DIR; `s3://BUCKET/PREFIX` puts them "
+        "in S3-compatible object storage (credentials and region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+        "AWS_DEFAULT_REGION; the artifacts dir is then the worker's scratch space)",
+        shown="(unset: H3BATCH_ARTIFACTS_DIR)")
+    s3_endpoint_url: HttpURL = _var(None, "service",
+        "endpoint of a non-AWS S3-compatible store (MinIO, R2, ...), addressed path-style; presigned URLs name "
+        "it, so clients must reach it", shown="(unset: AWS S3)")
+    artifact_redirect: Flag = _var(False, "api",
+        "with an s3:// store: GET .../content answers 307 to a presigned URL instead of streaming through the "
+        "API")
+    release_dir: str = _var("var/tiny-release", "service",
+        "release the worker serves: a directory, or a Hub repo `org/name`, `org/name@revision`, "
+        "`hf://org/name@revision` (fetched into the Hugging Face cache; see docs/model.md)", alias="H3BATCH_RELEASE")
+    max_run_s: PositiveInt = _var(600, "service",
+        "longest render: a job claimed longer ago fails `run_deadline`; visibility timeout is twice this")
+    max_job_timeout_s: PositiveInt = _var(3600, "service",
+        "largest `timeout_s` a job may ask for (seconds from its creation to its end; a job past it fails "
+        "`timeout`); a larger one is 400 `invalid_request`")
+    result_ttl_s: PositiveInt = _var(86400, "service", "seconds a finished MP4 stays downloadable")
+    max_queued: PositiveInt = _var(4000, "service",
+        "queued jobs (batch items included) at which a create answers 503 queue_full; a batch must fit whole")
+    max_active_per_key: PositiveInt = _var(1000, "service",
+        "queued + running jobs (batch items included) one API key may have; a create past it answers 429 "
+        "too_many_active_jobs (no limit with no API keys)")
+    max_prompt_chars: PositiveInt = _var(4000, "service", "longest prompt accepted")
+    max_batch: PositiveInt = _var(1000, "service",
+        "most job requests one POST /batches may carry (400 batch_too_large above it)")
+    interactive_streak: PositiveInt = _var(4, "worker",
+        "most interactive jobs that start in a row while batch-lane work waits; then one batch job goes next, "
+        'ahead of the interactive queue (the priority lanes\' anti-starvation rule, docs/api.md "Priority")')
+    lease_ttl_s: PositiveFloat = _var(30.0, "service",
+        "a running job's lease lapses this long after its worker's last heartbeat (heartbeat period = min(5 s, "
+        "TTL/3)); the reconciler then re-enqueues the job")
+    reconcile_interval_s: PositiveFloat = _var(10.0, "service",
+        "how often one worker (under a lock) re-enqueues running jobs whose lease lapsed")
+    log_format: Annotated[Literal["kv", "json"], _LOWER] = _var("kv", "service",
+        "`kv` (key=value lines) or `json` (JSON lines)")
+    log_level: LogLevel = _var("INFO", "service", "Python log level")
     # API
-    ("H3BATCH_API_KEYS", "api_keys", "(unset: open API)", _keys, "api",
-     "comma-separated Bearer keys; kept only as SHA-256 digests, never logged"),
-    ("H3BATCH_RATE_CREATES_PER_MIN", "rate_creates_per_min", "60", _non_negative_int, "api",
-     "job creations per minute per key (0: unlimited)"),
-    ("H3BATCH_RATE_READS_PER_MIN", "rate_reads_per_min", "600", _non_negative_int, "api",
-     "other requests per minute per key (0: unlimited)"),
-    ("H3BATCH_API_THREADS", "api_threads", "64", _positive_int, "api",
-     "request threads per gunicorn worker of `h3batch api` (`--threads` overrides); wait and stream slots leave a "
-     "quarter of them to plain requests"),
-    ("H3BATCH_WAIT_MAX", "wait_max", "32", _non_negative_int, "api",
-     "concurrent long-poll waits (`?wait=N`, `Prefer: wait=N`) per API process; past it a wait answers at once"),
-    ("H3BATCH_WAIT_MAX_PER_KEY", "wait_max_per_key", "16", _non_negative_int, "api",
-     "concurrent long-poll waits per API key and process"),
-    ("H3BATCH_SSE_MAX_STREAMS", "sse_max_streams", "16", _positive_int, "api",
-     "concurrent SSE event streams per API process (503 too_many_streams past it)"),
-    ("H3BATCH_SSE_MAX_STREAMS_PER_KEY", "sse_max_streams_per_key", "8", _positive_int, "api",
-     "concurrent SSE event streams per API key and process"),
-    ("H3BATCH_SSE_MAX_S", "sse_max_s", "300", _positive_float, "api",
-     "longest one SSE stream stays open (the client reconnects with Last-Event-ID)"),
-    ("H3BATCH_SSE_KEEPALIVE_S", "sse_keepalive_s", "15", _positive_float, "api",
-     "seconds between SSE keep-alive comments"),
-    ("H3BATCH_CANVAS", "canvas", "tiny", _choice("tiny", "v2"), "api",
-     "canvas of the release the workers serve, for requests that leave the size out or give `aspect_ratio`: "
-     "`tiny` (256x128, buckets at 256x128 pixels) or `v2` (1344x768, FastH3 V2's §7 buckets)"),
-    ("H3BATCH_METRICS_TOKEN", "metrics_token", "(unset: loopback only)", _text, "api",
-     "Bearer token GET /metrics requires (Prometheus' `authorization` credentials); unset, only loopback clients "
-     "without proxy headers may scrape"),
-    ("H3BATCH_DEFAULT_PRECISION", "default_precision", "bf16", _choice("bf16", "fp8"), "api",
-     "precision a job gets when it asks for none: `bf16` (the release's semantics; such a job never lands on an "
-     "fp8 worker) or `fp8` (the operator accepts fp8 output for jobs that do not ask); see docs/api.md \"Routing\""),
-    ("H3BATCH_LORA_ALLOW", "lora_allow", "(unset: no per-job LoRAs)", _lora_allow, "service",
-     "per-job LoRA allow-list, comma-separated: `name=org/repo@<40-hex commit>` (a Hub adapter a job names by "
-     "`name`), `name=/absolute/folder` (one on the workers' disk) or `org/repo@<40-hex commit>` (a job names it by "
-     "that reference); anything else in a job's `loras` gets 400 (docs/adapters.md)"),
-    ("H3BATCH_MAX_LORAS", "max_loras", "4", _positive_int, "api",
-     "most adapters one job may name in `loras` (400 too_many_loras above it)"),
-    ("H3BATCH_OPENAI_MODEL", "openai_model", "FastVideo/FastVideo-FastH3-8-Step-V2", _text, "api",
-     "the `model` name /v1/videos reports and accepts"),
+    api_keys: CommaList = _var((), "api",
+        "comma-separated Bearer keys; kept only as SHA-256 digests, never logged",
+        shown="(unset: open API)", secret=True)
+    rate_creates_per_min: NonNegativeInt = _var(60, "api", "job creations per minute per key (0: unlimited)")
+    rate_reads_per_min: NonNegativeInt = _var(600, "api", "other requests per minute per key (0: unlimited)")
+    api_threads: PositiveInt = _var(64, "api",
+        "request threads per gunicorn worker of `h3batch api` (`--threads` overrides); wait and stream slots "
+        "leave a quarter of them to plain requests")
+    wait_max: NonNegativeInt = _var(32, "api",
+        "concurrent long-poll waits (`?wait=N`, `Prefer: wait=N`) per API process; past it a wait answers at "
+        "once")
+    wait_max_per_key: NonNegativeInt = _var(16, "api", "concurrent long-poll waits per API key and process")
+    sse_max_streams: PositiveInt = _var(16, "api",
+        "concurrent SSE event streams per API process (503 too_many_streams past it)")
+    sse_max_streams_per_key: PositiveInt = _var(8, "api", "concurrent SSE event streams per API key and process")
+    sse_max_s: PositiveFloat = _var(300.0, "api",
+        "longest one SSE stream stays open (the client reconnects with Last-Event-ID)")
+    sse_keepalive_s: PositiveFloat = _var(15.0, "api", "seconds between SSE keep-alive comments")
+    canvas: Annotated[Literal["tiny", "v2"], _LOWER] = _var("tiny", "api",
+        "canvas of the release the workers serve, for requests that leave the size out or give `aspect_ratio`: "
+        "`tiny` (256x128, buckets at 256x128 pixels) or `v2` (1344x768, FastH3 V2's §7 buckets)")
+    metrics_token: str | None = _var(None, "api",
+        "Bearer token GET /metrics requires (Prometheus' `authorization` credentials); unset, only loopback "
+        "clients without proxy headers may scrape", shown="(unset: loopback only)", secret=True)
+    default_precision: Annotated[Literal["bf16", "fp8"], _LOWER] = _var("bf16", "api",
+        "precision a job gets when it asks for none: `bf16` (the release's semantics; such a job never lands on "
+        "an fp8 worker) or `fp8` (the operator accepts fp8 output for jobs that do not ask); see docs/api.md "
+        '"Routing"')
+    lora_allow: LoraAllow = _var((), "service",
+        "per-job LoRA allow-list, comma-separated: `name=org/repo@<40-hex commit>` (a Hub adapter a job names "
+        "by `name`), `name=/absolute/folder` (one on the workers' disk) or `org/repo@<40-hex commit>` (a job "
+        "names it by that reference); anything else in a job's `loras` gets 400 (docs/adapters.md)",
+        shown="(unset: no per-job LoRAs)")
+    max_loras: PositiveInt = _var(4, "api", "most adapters one job may name in `loras` (400 too_many_loras above it)")
+    openai_model: str = _var("FastVideo/FastVideo-FastH3-8-Step-V2", "api",
+        "the `model` name /v1/videos reports and accepts")
     # worker
-    ("H3BATCH_HF_CACHE", "hf_cache", "<release>/../hf-cache", _path, "worker",
-     "Hugging Face cache holding the base VAE and a Hub release (for a Hub release the default is `$HF_HUB_CACHE`; "
-     "set `HF_HUB_OFFLINE=1` to forbid downloads)"),
-    ("H3BATCH_REQUIRE_PINNED_RELEASE", "require_pinned_release", "0", _flag, "worker",
-     "refuse a Hub H3BATCH_RELEASE (worker start, `fetch-release`) whose revision is a branch, a tag or absent "
-     "instead of a 40-hex commit, so every node of a fleet serves the same weights"),
-    ("H3BATCH_REQUIRE_PINNED_BASE", "require_pinned_base", "0", _flag, "worker",
-     "refuse a release whose provenance names its base model by a branch or tag instead of a 40-hex commit"),
-    ("H3BATCH_DEVICE", "device", "(auto: cuda if present, else cpu)", _text, "worker",
-     "torch device for the pipeline"),
-    ("H3BATCH_RANKS", "ranks", "1", _ranks, "worker",
-     "sequence-parallel ranks per worker: N resident processes, one GPU each (`auto`: every visible GPU); see "
-     "docs/parallelism.md"),
-    ("H3BATCH_TEXT_ENCODER_PLACEMENT", "text_encoder_placement", "auto",
-     _choice("auto", "resident", "offload", "stream"), "worker",
-     "where the text encoder's weights live between prompts: `auto` (the memory plan's choice: on the GPU when the "
-     "longest clip fits beside it), `resident` (GPU), `offload` (host memory, copied to the GPU to encode), "
-     "`stream` (host memory, one layer at a time on the GPU); see docs/performance.md"),
-    ("H3BATCH_PRECISION", "precision", "bf16", _choice("bf16", "fp8"), "worker",
-     "DiT precision of this worker: `bf16` (the release's semantics) or `fp8` (opt-in: the DiT block linears in "
-     "e4m3 with row-wise scales, quantized once at load; needs a GPU of compute capability >= 8.9; error figures in "
-     "docs/performance.md); advertised in its heartbeat, jobs route by it (docs/service.md \"Routing\")"),
-    ("H3BATCH_ADAPTER", "adapter", "(unset: none)", _text, "worker",
-     "the legacy FastH3 four-step adapter fused into the native release's DiT at start: a folder or a Hub repo "
-     "`org/name@revision`; its own steps, sigmas and VSA top-k replace the release's; refused on a V2 release, and "
-     "a tensor that lands on no parameter stops the worker naming its key (docs/adapters.md)"),
-    ("H3BATCH_LORA_CACHE_MB", "lora_cache_mb", "2048", _positive_int, "worker",
-     "bytes of per-job LoRA factors a worker keeps loaded (least recently used first out); a larger adapter fails "
-     "its job"),
-    ("H3BATCH_COMPILE_CACHE", "compile_cache", "(unset: the libraries' own per-user temp dirs)", _path, "worker",
-     "persistent directory for the TorchInductor and Triton compile caches (mount a volume there: a restarted "
-     "worker then skips recompiling; docs/deploy.md)"),
-    ("H3BATCH_WORKER_NAME", "worker_name", "<hostname>-<pid>", _text, "worker",
-     "worker name in heartbeats and job records"),
-    ("H3BATCH_STALL_S", "stall_s", "60", _non_negative_float, "worker",
-     "seconds a worker may sit idle while work waits before it exits to be restarted (0: never)"),
-    ("H3BATCH_RENDER_STALL_S", "render_stall_s", "300", _non_negative_float, "worker",
-     "run deadline: a render that reports no progress (stage or denoise step) for this long fails `run_deadline` "
-     "(0: no stall limit; H3BATCH_MAX_RUN_S still bounds the whole run)"),
-    ("H3BATCH_MIN_FREE_DISK_MB", "min_free_disk_mb", "1024", _non_negative_int, "worker",
-     "free space H3BATCH_ARTIFACTS_DIR (render scratch; the MP4s with a local store) must have for the worker to "
-     "take a job; below it, or after a write failed with ENOSPC/EDQUOT (the job then goes back to the queue), the "
-     "worker takes no jobs and its heartbeat and /readyz say DISK_FULL with the reason until space is back "
-     "(worker/disk.py; 0: no floor, a failed write still stops it)"),
-    ("H3BATCH_DEBUG_STEP_DELAY_S", "debug_step_delay_s", "0", _non_negative_float, "worker",
-     "test knob: the worker sleeps this long at each progress report (widens cancel windows in tests)"),
-    ("H3BATCH_MAX_ROWS", "max_rows", "(memory plan, else the contract's largest request)", _positive_int, "worker",
-     "largest request this worker serves, in DiT sequence rows (video + audio + 1024 text rows; docs/service.md "
-     "\"Capacity\"): advertised in its heartbeat, larger requests get 422 `exceeds_worker_capacity`"),
-    ("H3BATCH_DEBUG_OOM_AT", "debug_oom_at", "(unset: off)", _oom_at, "worker",
-     "test knob: `<stage>` or `<stage>:<min rows>`: raise torch's CUDA out-of-memory error at that stage of "
-     "every job of at least that many rows (the job fails `out_of_memory`; worker/oom.py)"),
+    hf_cache: Path | None = _var(None, "worker",
+        "Hugging Face cache holding the base VAE and a Hub release (for a Hub release the default is "
+        "`$HF_HUB_CACHE`; set `HF_HUB_OFFLINE=1` to forbid downloads)", shown="<release>/../hf-cache")
+    require_pinned_release: Flag = _var(False, "worker",
+        "refuse a Hub H3BATCH_RELEASE (worker start, `fetch-release`) whose revision is a branch, a tag or "
+        "absent instead of a 40-hex commit, so every node of a fleet serves the same weights")
+    require_pinned_base: Flag = _var(False, "worker",
+        "refuse a release whose provenance names its base model by a branch or tag instead of a 40-hex commit")
+    device: str | None = _var(None, "worker",
+        "torch device for the pipeline", shown="(auto: cuda if present, else cpu)")
+    ranks: Ranks = _var("1", "worker",
+        "sequence-parallel ranks per worker: N resident processes, one GPU each (`auto`: every visible GPU); "
+        "see docs/parallelism.md")
+    text_encoder_placement: Annotated[Literal["auto", "resident", "offload", "stream"], _LOWER] = _var("auto", "worker",
+        "where the text encoder's weights live between prompts: `auto` (the memory plan's choice: on the GPU "
+        "when the longest clip fits beside it), `resident` (GPU), `offload` (host memory, copied to the GPU to "
+        "encode), `stream` (host memory, one layer at a time on the GPU); see docs/performance.md")
+    precision: Annotated[Literal["bf16", "fp8"], _LOWER] = _var("bf16", "worker",
+        "DiT precision of this worker: `bf16` (the release's semantics) or `fp8` (opt-in: the DiT block linears "
+        "in e4m3 with row-wise scales, quantized once at load; needs a GPU of compute capability >= 8.9; error "
+        "figures in docs/performance.md); advertised in its heartbeat, jobs route by it (docs/service.md "
+        '"Routing")')
+    adapter: str | None = _var(None, "worker",
+        "the legacy FastH3 four-step adapter fused into the native release's DiT at start: a folder or a Hub "
+        "repo `org/name@revision`; its own steps, sigmas and VSA top-k replace the release's; refused on a V2 "
+        "release, and a tensor that lands on no parameter stops the worker naming its key (docs/adapters.md)",
+        shown="(unset: none)")
+    lora_cache_mb: PositiveInt = _var(2048, "worker",
+        "bytes of per-job LoRA factors a worker keeps loaded (least recently used first out); a larger adapter "
+        "fails its job")
+    compile_cache: Path | None = _var(None, "worker",
+        "persistent directory for the TorchInductor and Triton compile caches (mount a volume there: a "
+        "restarted worker then skips recompiling; docs/deploy.md)",
+        shown="(unset: the libraries' own per-user temp dirs)")
+    worker_name: str = _var(_host_and_pid, "worker", "worker name in heartbeats and job records",
+                            shown="<hostname>-<pid>")
+    stall_s: NonNegativeFloat = _var(60.0, "worker",
+        "seconds a worker may sit idle while work waits before it exits to be restarted (0: never)")
+    render_stall_s: NonNegativeFloat = _var(300.0, "worker",
+        "run deadline: a render that reports no progress (stage or denoise step) for this long fails "
+        "`run_deadline` (0: no stall limit; H3BATCH_MAX_RUN_S still bounds the whole run)")
+    min_free_disk_mb: NonNegativeInt = _var(1024, "worker",
+        "free space H3BATCH_ARTIFACTS_DIR (render scratch; the MP4s with a local store) must have for the "
+        "worker to take a job; below it, or after a write failed with ENOSPC/EDQUOT (the job then goes back to "
+        "the queue), the worker takes no jobs and its heartbeat and /readyz say DISK_FULL with the reason until "
+        "space is back (worker/disk.py; 0: no floor, a failed write still stops it)")
+    debug_step_delay_s: NonNegativeFloat = _var(0.0, "worker",
+        "test knob: the worker sleeps this long at each progress report (widens cancel windows in tests)")
+    max_rows: PositiveInt | None = _var(None, "worker",
+        "largest request this worker serves, in DiT sequence rows (video + audio + 1024 text rows; "
+        'docs/service.md "Capacity"): advertised in its heartbeat, larger requests get 422 '
+        "`exceeds_worker_capacity`", shown="(memory plan, else the contract's largest request)")
+    debug_oom_at: OomAt = _var(None, "worker",
+        "test knob: `<stage>` or `<stage>:<min rows>`: raise torch's CUDA out-of-memory error at that stage of "
+        "every job of at least that many rows (the job fails `out_of_memory`; worker/oom.py)", shown="(unset: off)")
     # webhooks (API vets URLs, workers deliver)
-    ("H3BATCH_WEBHOOK_SECRET", "webhook_secret", "(unset: webhooks off)", _webhook_secret, "webhooks",
-     "signing secret for webhook deliveries: `whsec_` + base64 of a 24..64-byte key (checked at start), or plain "
-     "text used as its bytes"),
-    ("H3BATCH_WEBHOOK_ALLOW_LOOPBACK", "webhook_allow_loopback", "0", _flag, "webhooks",
-     "accept webhook URLs on loopback addresses (local testing only)"),
-    ("H3BATCH_WEBHOOK_ALLOW_PRIVATE", "webhook_allow_private", "0", _flag, "webhooks",
-     "accept webhook URLs on private-range addresses"),
-    ("H3BATCH_WEBHOOK_MAX_ATTEMPTS", "webhook_max_attempts", "9", _positive_int, "webhooks",
-     "delivery attempts before a webhook is given up"),
-    ("H3BATCH_WEBHOOK_RETRY_BASE_S", "webhook_retry_base_s", "5", _positive_float, "webhooks",
-     "first retry delay; each later one is 4x longer (capped at 10 h)"),
-    ("H3BATCH_WEBHOOK_TIMEOUT_S", "webhook_timeout_s", "10", _positive_float, "webhooks",
-     "timeout of one webhook POST"),
+    webhook_secret: WebhookSecret = _var(None, "webhooks",
+        "signing secret for webhook deliveries: `whsec_` + base64 of a 24..64-byte key (checked at start), or "
+        "plain text used as its bytes", shown="(unset: webhooks off)", secret=True)
+    webhook_allow_loopback: Flag = _var(False, "webhooks",
+        "accept webhook URLs on loopback addresses (local testing only)")
+    webhook_allow_private: Flag = _var(False, "webhooks", "accept webhook URLs on private-range addresses")
+    webhook_max_attempts: PositiveInt = _var(9, "webhooks", "delivery attempts before a webhook is given up")
+    webhook_retry_base_s: PositiveFloat = _var(5.0, "webhooks",
+        "first retry delay; each later one is 4x longer (capped at 10 h)")
+    webhook_timeout_s: PositiveFloat = _var(10.0, "webhooks", "timeout of one webhook POST")
     # kernels
-    ("H3BATCH_KERNEL_BACKEND", "kernel_backend", "(auto)", _choice("triton", "torch"), "kernels",
-     "fused-op backend when a call leaves it open: `triton` or `torch`"),
-    ("H3BATCH_MODULATION_PRECISION", "modulation_precision", "(auto)", _choice("generic", "sm90_bf16_affine"),
-     "kernels", "rounding of the fused modulation ops: `generic` or `sm90_bf16_affine` (Hopper)"),
+    kernel_backend: Annotated[Literal["triton", "torch"] | None, _LOWER] = _var(None, "kernels",
+        "fused-op backend when a call leaves it open: `triton` or `torch`", shown="(auto)")
+    modulation_precision: Annotated[Literal["generic", "sm90_bf16_affine"] | None, _LOWER] = _var(None, "kernels",
+        "rounding of the fused modulation ops: `generic` or `sm90_bf16_affine` (Hopper)", shown="(auto)")
     # sparse attention (worker/h3/vsa_tk.py)
-    ("H3BATCH_VSA_KERNEL", "vsa_kernel", "auto", _choice("auto", "flex", "tk"), "worker",
-     "VSA on CUDA: `auto` (fastvideo-kernel's sm_90a kernel where it loads, else FlexAttention), `flex`, or `tk` "
-     "(the kernel or an error)"),
-    ("H3BATCH_VSA_PRELOAD", "vsa_preload", "(unset)", _text, "worker",
-     "colon-separated shared libraries loaded RTLD_GLOBAL before the VSA kernel extension (docs/benchmarks.md)"),
+    vsa_kernel: Annotated[Literal["auto", "flex", "tk"], _LOWER] = _var("auto", "worker",
+        "VSA on CUDA: `auto` (fastvideo-kernel's sm_90a kernel where it loads, else FlexAttention), `flex`, or "
+        "`tk` (the kernel or an error)")
+    vsa_preload: str | None = _var(None, "worker",
+        "colon-separated shared libraries loaded RTLD_GLOBAL before the VSA kernel extension "
+        "(docs/benchmarks.md)", shown="(unset)")
     # load runner
-    ("H3BATCH_SWEEP_RESULTS_DIR", "sweep_results_dir", "./sweep-results", _path, "loadrunner",
-     "per-sweep directories: point reports, summary JSON/CSV, PNG plots"),
-    ("H3BATCH_SWEEP_QUEUE", "sweep_queue", "loadrunner", _text, "loadrunner",
-     "Celery queue consumed by `h3batch sweep-worker`"),
-    ("H3BATCH_SWEEP_ALLOW_LOOPBACK", "sweep_allow_loopback", "0", _flag, "loadrunner",
-     "accept POST /sweeps target URLs on loopback addresses (the local demo sets 1); vetted like webhook URLs"),
-    ("H3BATCH_SWEEP_ALLOW_PRIVATE", "sweep_allow_private", "0", _flag, "loadrunner",
-     "accept POST /sweeps target URLs on private-range addresses (a load target inside your network)"),
-    ("H3BATCH_SWEEP_INPUTS_DIR", "sweep_inputs_dir", "<results dir>/inputs", _path, "loadrunner",
-     "the named input set: a sweep's `input_wav` is the name of a WAV file in this directory (never a path)"),
-    ("H3BATCH_SWEEP_SCHEDULE", "sweep_schedule", "(empty: no scheduled sweeps)", _text, "loadrunner",
-     "beat schedule: JSON text, or a path to a JSON file"),
-    ("H3BATCH_BEAT_LOCK_TTL_S", "beat_lock_ttl_s", "30", _beat_lock_ttl, "loadrunner",
-     "expiry of the single-beat Redis lock; renewed every third of it"),
-    ("H3BATCH_BEAT_SCHEDULE_FILE", "beat_schedule_file", "<results dir>/celerybeat-schedule", _path, "loadrunner",
-     "celery beat's last-run state file"),
+    sweep_results_dir: Path = _var(Path("sweep-results"), "loadrunner",
+        "per-sweep directories: point reports, summary JSON/CSV, PNG plots", shown="./sweep-results")
+    sweep_queue: str = _var("loadrunner", "loadrunner", "Celery queue consumed by `h3batch sweep-worker`")
+    sweep_allow_loopback: Flag = _var(False, "loadrunner",
+        "accept POST /sweeps target URLs on loopback addresses (the local demo sets 1); vetted like webhook "
+        "URLs")
+    sweep_allow_private: Flag = _var(False, "loadrunner",
+        "accept POST /sweeps target URLs on private-range addresses (a load target inside your network)")
+    sweep_inputs_dir: Path | None = _var(None, "loadrunner",
+        "the named input set: a sweep's `input_wav` is the name of a WAV file in this directory (never a path)",
+        shown="<results dir>/inputs")
+    sweep_schedule: str = _var("", "loadrunner",
+        "beat schedule: JSON text, or a path to a JSON file", shown="(empty: no scheduled sweeps)")
+    beat_lock_ttl_s: BeatLockTTL = _var(30, "loadrunner",
+        "expiry of the single-beat Redis lock; renewed every third of it")
+    beat_schedule_file: Path | None = _var(None, "loadrunner",
+        "celery beat's last-run state file", shown="<results dir>/celerybeat-schedule")
     # client CLI (`h3batch submit`)
-    ("H3BATCH_API_URL", "api_url", "http://127.0.0.1:8000", _text, "client", "API base URL for `h3batch submit`"),
-    ("H3BATCH_API_KEY", "api_key", "(unset)", _text, "client", "Bearer key `h3batch submit` sends"),
+    api_url: str = _var("http://127.0.0.1:8000", "client", "API base URL for `h3batch submit`")
+    api_key: str | None = _var(None, "client", "Bearer key `h3batch submit` sends", shown="(unset)", secret=True)
     # benchmarks
-    ("H3BATCH_GIT_REV", "git_rev", "unknown", _text, "bench", "git revision recorded in benchmark JSON"),
-)
-
-VARS: tuple[Var, ...] = tuple(Var(name, fld, default, doc, room) for name, fld, default, _, room, doc in _TABLE)
-"""Every variable, in the order docs/service.md lists them."""
-
-BY_NAME: dict[str, Var] = {var.name: var for var in VARS}
-_PARSERS: dict[str, Callable[[str, str], Any]] = {name: parse for name, _, _, parse, _, _ in _TABLE}
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything an h3batch process reads from its environment (field defaults = unset variables)."""
-
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    artifacts_dir: Path = Path("var/artifacts")
-    artifact_store: str = ""  # "" (local directory) or normalised "s3://bucket/prefix/"
-    s3_endpoint_url: str | None = None
-    artifact_redirect: bool = False
-    release_dir: str = "var/tiny-release"  # a directory or a Hub reference (HUB_RELEASE_RE)
-    max_run_s: int = 600
-    max_job_timeout_s: int = 3600
-    result_ttl_s: int = 86_400
-    max_queued: int = 4000
-    max_active_per_key: int = 1000
-    max_prompt_chars: int = 4000
-    max_batch: int = 1000
-    interactive_streak: int = 4
-    lease_ttl_s: float = 30.0
-    reconcile_interval_s: float = 10.0
-    log_format: str = "kv"
-    log_level: str = "INFO"
-    api_keys: tuple[str, ...] = field(default=(), repr=False)  # secrets: never in repr or logs
-    rate_creates_per_min: int = 60
-    rate_reads_per_min: int = 600
-    api_threads: int = 64
-    wait_max: int = 32
-    wait_max_per_key: int = 16
-    sse_max_streams: int = 16
-    sse_max_streams_per_key: int = 8
-    sse_max_s: float = 300.0
-    sse_keepalive_s: float = 15.0
-    canvas: str = "tiny"
-    metrics_token: str | None = field(default=None, repr=False)  # secret: never in repr or logs
-    default_precision: str = "bf16"
-    openai_model: str = "FastVideo/FastVideo-FastH3-8-Step-V2"
-    lora_allow: tuple[str, ...] = ()
-    max_loras: int = 4
-    hf_cache: Path | None = None
-    require_pinned_base: bool = False
-    require_pinned_release: bool = False
-    device: str | None = None
-    ranks: str = "1"
-    text_encoder_placement: str = "auto"
-    precision: str = "bf16"
-    adapter: str | None = None
-    lora_cache_mb: int = 2048
-    compile_cache: Path | None = None
-    worker_name: str = ""
-    stall_s: float = 60.0
-    render_stall_s: float = 300.0
-    min_free_disk_mb: int = 1024
-    debug_step_delay_s: float = 0.0
-    max_rows: int | None = None
-    debug_oom_at: tuple[str, int] | None = None
-    webhook_secret: str | None = field(default=None, repr=False)
-    webhook_allow_loopback: bool = False
-    webhook_allow_private: bool = False
-    webhook_max_attempts: int = 9
-    webhook_retry_base_s: float = 5.0
-    webhook_timeout_s: float = 10.0
-    kernel_backend: str | None = None
-    modulation_precision: str | None = None
-    vsa_kernel: str = "auto"
-    vsa_preload: str | None = None
-    sweep_results_dir: Path = Path("./sweep-results")
-    sweep_queue: str = "loadrunner"
-    sweep_allow_loopback: bool = False
-    sweep_allow_private: bool = False
-    sweep_inputs_dir: Path | None = None
-    sweep_schedule: str = ""
-    beat_lock_ttl_s: int = 30
-    beat_schedule_file: Path | None = None
-    api_url: str = "http://127.0.0.1:8000"
-    api_key: str | None = field(default=None, repr=False)
-    git_rev: str = "unknown"
+    git_rev: str = _var("unknown", "bench", "git revision recorded in benchmark JSON")
 
     @property
     def hf_cache_dir(self) -> Path | None:
@@ -506,20 +448,120 @@ class Settings:
         """Broker redelivery timeout: twice the longest render, so a running job is never handed out again."""
         return 2 * self.max_run_s
 
+    @model_validator(mode="after")
+    def _release_pinned_when_required(self) -> Settings:
+        # Across two variables, and only for a release given explicitly (the default is a local directory).
+        if self.require_pinned_release and "release_dir" in self.model_fields_set:
+            if why := unpinned_release(self.release_dir):
+                raise ValueError(f"H3BATCH_RELEASE: {why} (H3BATCH_REQUIRE_PINNED_RELEASE is on)")
+        return self
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   **others: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        # A bare Settings(...) reads only its arguments; from_env is the one place the environment is read.
+        return (init_settings,)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Parse every variable of `VARS` from `env` (default: os.environ); unset or blank keeps the default."""
-        env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        for var in VARS:
-            raw = env.get(var.name, "").strip()
-            if raw:
-                values[var.field] = _PARSERS[var.name](var.name, raw)
-        if values.get("require_pinned_release") and (why := unpinned_release(values.get("release_dir", ""))):
-            raise ConfigError(f"H3BATCH_RELEASE: {why} (H3BATCH_REQUIRE_PINNED_RELEASE is on)")
-        if not values.get("worker_name"):
-            values["worker_name"] = f"{socket.gethostname()}-{os.getpid()}"
-        return cls(**values)
+        """Read every variable of `VARS` from `env` (default: os.environ); unset or blank keeps the default."""
+        source = _EnvSource(cls, os.environ if env is None else env)
+        try:
+            return cls(_build_sources=((source,), {}))
+        except ValidationError as exc:  # the first error, in table order, as the old parser stopped at it
+            raise ConfigError(_one_line(exc.errors()[0])) from None  # from None: the chain would quote the value
+
+
+class _EnvSource(EnvSettingsSource):
+    """pydantic-settings' environment source over `env` rather than always os.environ, taking the declared names
+    only, exactly as written (its own lookup is case-insensitive), each stripped, blank meaning unset."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        self._env = env
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        # Keys as the parent stores them (lower-case unless case-sensitive), so its prefix + field lookup finds them.
+        return {(name if self.case_sensitive else name.lower()): value.strip()
+                for name, value in self._env.items() if name in BY_NAME and value.strip()}
+
+
+def _one_line(error: ErrorDetails) -> str:
+    """pydantic's error as `<variable>: expected ..., found ...`: one line, never quoting a secret."""
+    if not error["loc"]:  # a check across variables (a model validator) words its whole line
+        return str(error["ctx"]["error"])
+    name = _NAME_OF[error["loc"][0]]
+    info = Settings.model_fields[BY_NAME[name].field]
+    kind, raw = error["type"], error["input"]
+    if kind == "value_error":  # a hand-written check: its message already says expected and found
+        return f"{name}: {error['ctx']['error']}"
+    found = "a value not shown (a secret)" if not info.repr else _found(raw)
+    if kind in ("int_parsing", "int_from_float"):
+        expected = "an integer"
+    elif kind == "float_parsing":
+        expected = "a number"
+    elif kind == "literal_error":
+        expected = "one of " + ", ".join(_choices(info.annotation))
+    elif expect := _expectation(info):  # a constraint: ge, gt, finite, pattern
+        expected = expect.text
+    else:
+        return f"{name}: {error['msg']}, found {found}"
+    return f"{name}: expected {expected}, found {found}"
+
+
+def _found(raw: Any) -> str:
+    # Numbers bare (`found 0`), text quoted and cut (`found 'many'`).
+    if not isinstance(raw, str):
+        return repr(raw)
+    try:
+        float(raw)
+    except ValueError:
+        return repr(raw[:80])
+    return raw
+
+
+def _choices(annotation: Any) -> tuple[str, ...]:
+    if get_origin(annotation) is Literal:
+        return get_args(annotation)
+    return tuple(choice for arg in get_args(annotation) for choice in _choices(arg))
+
+
+def _expectation(info: Any) -> Expect | None:
+    # On the field (`PositiveInt`) or inside its Optional (`PositiveInt | None`).
+    inner = [m for arg in get_args(info.annotation) for m in getattr(arg, "__metadata__", ())]
+    return next((m for m in [*info.metadata, *inner] if isinstance(m, Expect)), None)
+
+
+def _shown_default(field: str, info: Any) -> str:
+    shown = info.json_schema_extra["shown"]
+    if shown is not None:
+        return shown
+    default = info.default
+    if info.default_factory is not None or default is None or default in ("", ()):
+        raise AssertionError(f"Settings.{field}: a default that is not a literal value needs shown=...")
+    if isinstance(default, bool):
+        return "1" if default else "0"
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
+def _declare() -> tuple[Var, ...]:
+    # Import-time self-check too: every field has a room and a doc line, and a default docs can show.
+    out = []
+    for field, info in Settings.model_fields.items():
+        room = info.json_schema_extra["room"]
+        if room not in ROOMS or not info.description:
+            raise AssertionError(f"Settings.{field}: needs a room of {ROOMS} and a doc line")
+        name = info.validation_alias or f"H3BATCH_{field.upper()}"
+        out.append(Var(name, field, _shown_default(field, info), info.description, room))
+    return tuple(out)
+
+
+VARS: tuple[Var, ...] = _declare()
+"""Every variable, in the order docs/service.md lists them."""
+
+BY_NAME: dict[str, Var] = {var.name: var for var in VARS}
+_NAME_OF: dict[str, str] = {**{var.field: var.name for var in VARS}, **{var.name: var.name for var in VARS}}
+"""A pydantic error's location (a field, or the alias it was read by) -> the variable's name."""
 
 
 def raw_value(name: str, env: Mapping[str, str] | None = None) -> str | None:
@@ -534,7 +576,7 @@ def env_value(name: str, env: Mapping[str, str] | None = None) -> Any:
     """The parsed value of one declared variable (None when unset), for code that must read it at call time
     rather than once at start (the local stack's overrides). Undeclared names raise KeyError."""
     raw = raw_value(name, env)
-    return _PARSERS[name](name, raw) if raw is not None else None
+    return getattr(Settings.from_env({name: raw}), BY_NAME[name].field) if raw is not None else None
 
 
 def markdown_table() -> str:
@@ -544,17 +586,6 @@ def markdown_table() -> str:
         default = var.default if var.default.startswith("(") or var.default.startswith("<") else f"`{var.default}`"
         rows.append(f"| `{var.name}` | {default} | {var.room} | {var.doc} |")
     return "\n".join(rows)
-
-
-def _check_table() -> None:
-    # Import-time self-check: the table and the dataclass name the same fields.
-    declared = {var.field for var in VARS}
-    dataclass_fields = {f.name for f in fields(Settings)}
-    if declared != dataclass_fields:
-        raise AssertionError(f"settings table and Settings differ: {sorted(declared ^ dataclass_fields)}")
-
-
-_check_table()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The sweep side of the configuration: `SweepSettings`, built from the one `h3batch.settings.Settings`, and
 the beat schedule parser. The variables (H3BATCH_REDIS_URL, H3BATCH_SWEEP_*, H3BATCH_BEAT_*) are declared with
-their defaults in h3batch/settings.py and listed in docs/service.md; stdlib only, like that module.
+their defaults in h3batch/settings.py and listed in docs/service.md; stdlib and that module only.
 """
 from __future__ import annotations
 

@@ -26,6 +26,9 @@ CLIENT_MAY_USE_FROM_CORE = {"h3batch.core", "h3batch.core.jsonl", "h3batch.core.
 """The pure rules the client shares with the server: how a JSONL file is cut into lines and how archive members are
 named."""
 
+SETTINGS_MAY_USE = {"pydantic", "pydantic_core", "pydantic_settings"}
+"""h3batch.settings reads the environment with pydantic-settings; nothing else outside the standard library."""
+
 RULES = {
     # room: (what it may not reach, why)
     "h3batch.api": (_any(_in("h3batch.worker", "h3batch.kernels"), lambda n: n in MODEL_STACK),
@@ -43,9 +46,8 @@ RULES = {
                             lambda n: n in MODEL_STACK | {"flask", "werkzeug", "gunicorn", "redis", "celery"}),
                        "the client imports only httpx2, pydantic, tqdm and core's two pure helpers: it runs on a "
                        "laptop with no Redis, Flask or model stack"),
-    "h3batch.settings": (_any(_in("h3batch.api", "h3batch.worker", "h3batch.core", "h3batch.kernels",
-                                  "h3batch.loadrunner"), lambda n: n in MODEL_STACK | {"flask", "redis", "celery"}),
-                         "settings is the bottom floor: stdlib only"),
+    "h3batch.settings": (lambda n: n.split(".")[0] not in sys.stdlib_module_names | SETTINGS_MAY_USE,
+                         "settings is the bottom floor: the standard library and pydantic-settings only"),
 }
 
 

@@ -130,3 +130,44 @@ def test_env_value_reads_declared_names_only():
     assert env_value("H3BATCH_KERNEL_BACKEND", {}) is None
     with pytest.raises(KeyError, match="H3BATCH_NOT_A_THING"):
         env_value("H3BATCH_NOT_A_THING", {})
+
+
+def test_from_env_is_the_one_reader(monkeypatch):
+    """A bare `Settings()` is the defaults whatever the environment holds; `from_env()` reads os.environ."""
+    monkeypatch.setenv("H3BATCH_MAX_RUN_S", "5")
+    assert Settings().max_run_s == 600 and Settings(max_run_s=7).max_run_s == 7
+    assert Settings.from_env().max_run_s == 5
+
+
+def test_only_declared_names_as_written_are_read():
+    """pydantic-settings' own lookup is case-insensitive; h3batch reads `H3BATCH_MAX_RUN_S`, not `h3batch_max_run_s`."""
+    assert Settings.from_env({"h3batch_max_run_s": "5", "H3BATCH_MAX_RUNS": "5"}).max_run_s == 600
+    assert Settings.from_env({"H3BATCH_MAX_RUN_S": " 5 "}).max_run_s == 5
+    assert Settings.from_env({"H3BATCH_MAX_RUN_S": "   "}).max_run_s == 600
+
+
+def test_settings_are_frozen():
+    """A `Settings` cannot be changed after it is read."""
+    settings = Settings.from_env({})
+    with pytest.raises(ValueError, match="frozen"):
+        settings.max_run_s = 1
+
+
+def test_errors_are_one_line_and_never_quote_a_secret():
+    """A ConfigError is one line without pydantic's report, and a bad webhook secret's value is never in it."""
+    secret = "whsec_" + "c2VjcmV0LXRleHQ="
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"H3BATCH_WEBHOOK_SECRET": secret})
+    assert str(caught.value) == "H3BATCH_WEBHOOK_SECRET: expected a key of 24 to 64 bytes after whsec_, found 11 bytes"
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    with pytest.raises(ConfigError) as caught:
+        Settings.from_env({"H3BATCH_MAX_QUEUED": "many", "H3BATCH_LOG_FORMAT": "xml"})
+    assert "\n" not in str(caught.value) and "pydantic" not in str(caught.value)
+
+
+def test_interactive_streak_is_declared_with_its_default():
+    """H3BATCH_INTERACTIVE_STREAK (the priority lanes' anti-starvation rule) defaults to 4 and must be positive."""
+    assert Settings.from_env({}).interactive_streak == 4
+    assert Settings.from_env({"H3BATCH_INTERACTIVE_STREAK": "2"}).interactive_streak == 2
+    with pytest.raises(ConfigError, match="H3BATCH_INTERACTIVE_STREAK: expected a positive integer, found 0"):
+        Settings.from_env({"H3BATCH_INTERACTIVE_STREAK": "0"})
