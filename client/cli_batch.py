@@ -282,8 +282,10 @@ class BatchBar:
 
 # --- the run ----------------------------------------------------------------------------------------------------------
 
-class Interrupted(Exception):
-    """SIGTERM, handled like Ctrl-C."""
+class Interrupted(BaseException):
+    """SIGTERM, handled like Ctrl-C: a BaseException, as KeyboardInterrupt is, so that no library's `except Exception`
+    can swallow it. tqdm starts its monitor thread inside one: a SIGTERM that landed there became a warning and the
+    CLI kept following the batch (a loaded `make test` saw it, 2026-12-06)."""
 
 
 def _on_sigterm(signum, frame):  # noqa: ARG001

@@ -4,6 +4,7 @@ the CLI sends or writes; the live runs are in test_client_batch.py."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import zipfile
@@ -159,3 +160,20 @@ def test_refused_line_text_names_the_field_once():
     assert detail_text({"line": 3, "field": "seconds", "message": "at most 15"}) == "seconds: at most 15"
     assert detail_text({"line": 3, "field": None, "message": "expected a JSON object"}) == \
         "body: expected a JSON object"
+
+
+def test_sigterm_escapes_a_librarys_except_exception_as_ctrl_c_does():
+    """The CLI's SIGTERM handler raises Interrupted wherever the main thread is. tqdm starts its monitor thread inside
+    `except Exception` (its warning, then on as if nothing happened): a SIGTERM landing there must still stop the
+    run, as Ctrl-C's KeyboardInterrupt would. A loaded `make test` saw the CLI swallow it and keep following."""
+    previous = signal.signal(signal.SIGTERM, client_batch._on_sigterm)
+    swallowed = []
+    try:
+        with pytest.raises(client_batch.Interrupted):
+            try:
+                signal.raise_signal(signal.SIGTERM)
+            except Exception as exc:  # noqa: BLE001  (the library's guard)
+                swallowed.append(exc)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert swallowed == []
