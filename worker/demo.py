@@ -8,7 +8,6 @@ through `h3batch.client`, as a Python user would (the demo is the one worker-roo
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from h3batch.cli_args import OneLineArgumentParser
 from h3batch.client import APIError, Client, H3BatchError
 from h3batch.client.progress import JobBar
 from h3batch.core.exceptions import ConfigError
-from h3batch.worker.serve import LocalStack, _sigterm_as_interrupt
+from h3batch.worker.serve import LocalStack, stop_on_interrupt_signals
 
 DEMO_PROMPT = "A red fox trots across fresh snow at dawn; wind hisses and a distant crow calls."
 
@@ -59,7 +58,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--height", type=int, default=128)
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    stop_on_interrupt_signals()
     try:
         with LocalStack() as stack:
             job = run_demo(stack, Path(args.out), seconds=args.seconds, width=args.width, height=args.height,

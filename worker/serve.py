@@ -227,11 +227,22 @@ def _sigterm_as_interrupt(*_args) -> None:
     raise KeyboardInterrupt
 
 
+def stop_on_interrupt_signals() -> None:
+    """SIGINT and SIGTERM both raise KeyboardInterrupt here, however the process was started.
+
+    Python maps SIGINT to KeyboardInterrupt only when the parent left it at its default: a background job of a
+    non-interactive shell (`h3batch serve &` in a script, a CI step, `nohup`) inherits SIGINT ignored, and then
+    `kill -INT` would never stop the stack. Servers (redis-server, gunicorn, Celery) take SIGINT themselves for the
+    same reason, so `serve` and `demo` do too."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+
+
 def main(argv: list[str]) -> int:
     parser = OneLineArgumentParser(prog="h3batch serve", description="Run Redis (if needed), API and worker.")
     parser.add_argument("--port", type=int, default=8000, help="API port (default 8000)")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    stop_on_interrupt_signals()
     try:
         with LocalStack(port=args.port) as stack:
             _say(f"ready: {stack.base_url}  (Ctrl-C stops API, worker and anything started here)")

@@ -48,10 +48,13 @@ def test_demo_renders_out_demo_mp4_and_stops_everything(redis_url, tiny_release,
 
 
 def test_serve_runs_until_interrupted_then_stops_its_children(redis_url, tiny_release, tmp_path):
-    """`h3batch serve` becomes ready (a worker heartbeat counted by /readyz) and on SIGINT stops API and worker."""
+    """`h3batch serve` becomes ready (a worker heartbeat counted by /readyz) and on SIGINT stops API and worker,
+    also when it was started with SIGINT ignored, as a background job of a script or a CI step inherits it (Python
+    then never raises KeyboardInterrupt by itself; a loaded `make test` launched that way saw serve outlive SIGINT)."""
     env = local_env(redis_url, 5, tmp_path, tiny_release)
     port = free_port()
-    proc = subprocess.Popen(H3BATCH + ["serve", "--port", str(port)], cwd=tmp_path, env=env,
+    ignoring_sigint = ["sh", "-c", 'trap "" INT; exec "$@"', "sh"]  # exec: proc.pid is serve itself
+    proc = subprocess.Popen(ignoring_sigint + H3BATCH + ["serve", "--port", str(port)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     seen: list[str] = []
     guard = threading.Timer(600, proc.kill)  # a hang guard, not a timing assertion: a wedged serve ends the test
