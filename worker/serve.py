@@ -231,7 +231,7 @@ def stop_on_interrupt_signals() -> None:
     """SIGINT and SIGTERM both raise KeyboardInterrupt here, however the process was started.
 
     Python maps SIGINT to KeyboardInterrupt only when the parent left it at its default: a background job of a
-    non-interactive shell (`h3batch serve &` in a script, a CI step, `nohup`) inherits SIGINT ignored, and then
+    non-interactive shell (`h3batch serve &` in a script or a CI step) inherits SIGINT ignored, and then
     `kill -INT` would never stop the stack. Servers (redis-server, gunicorn, Celery) take SIGINT themselves for the
     same reason, so `serve` and `demo` do too."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
