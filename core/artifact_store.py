@@ -25,7 +25,6 @@ import logging
 import os
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -466,23 +465,30 @@ class S3Store:
         self.delete_keys(stale)
         return stale
 
-    def abort_stale_uploads(self, older_than_s: float, now: float | None = None) -> int:
-        """Abort multipart uploads under the prefix started more than `older_than_s` ago (a worker killed
-        mid-upload leaves its parts; a bucket lifecycle rule AbortIncompleteMultipartUpload does the same)."""
-        now = time.time() if now is None else now
-        aborted = 0
+    def incomplete_uploads(self) -> list[tuple[str, str]]:
+        """(key, upload id) of every multipart upload under the prefix that was neither completed nor aborted (a
+        worker killed mid-upload leaves its parts). Their `Initiated` times are not returned on purpose: the store's
+        clock is not this service's (moto's server reports one fixed date for every upload), so the garbage pass
+        ages uploads by when it first saw them (worker/reaper.py)."""
+        found: list[tuple[str, str]] = []
         try:
             pages = self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket,
                                                                                  Prefix=self.prefix)
             for page in pages:
-                for up in page.get("Uploads", []):
-                    if now - up["Initiated"].timestamp() >= older_than_s:
-                        self.client.abort_multipart_upload(Bucket=self.bucket, Key=up["Key"],
-                                                           UploadId=up["UploadId"])
-                        aborted += 1
+                found.extend((up["Key"][len(self.prefix):], up["UploadId"]) for up in page.get("Uploads", []))
         except Exception as exc:  # noqa: BLE001
-            raise self._unavailable("aborting stale uploads", exc) from None
-        return aborted
+            raise self._unavailable("listing unfinished uploads", exc) from None
+        return found
+
+    def abort_upload(self, key: str, upload_id: str) -> bool:
+        """Abort one multipart upload (its parts go); False when it had already ended (completed or aborted)."""
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=self._key(key), UploadId=upload_id)
+        except Exception as exc:  # noqa: BLE001
+            if _error_code(exc) == "NoSuchUpload":
+                return False
+            raise self._unavailable(f"aborting the upload of {key}", exc) from None
+        return True
 
 
 class _S3Reader:
@@ -552,6 +558,12 @@ def _error_text(exc: Exception) -> str:
         return f"HTTP {status} {err.get('Code', '')}".strip()
     return type(exc).__name__
 
+
+
+def _error_code(exc: Exception) -> str | None:
+    """botocore's error code (`NoSuchUpload`, `NoSuchKey`, ...), None for any other exception."""
+    response = getattr(exc, "response", None)
+    return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
 
 # --- selection -----------------------------------------------------------------------------------------------------
 

@@ -36,6 +36,8 @@
 | `h3b:lanes:streak` | string | interactive starts in a row while batch work is held (the anti-starvation count) |
 | `h3b:batches:open` | zset | unfinished batches (score = creation time); the reaper pass checks them for completion |
 | `h3b:owner:{owner}:batches` | zset | one key's batch ids, score = creation sequence; GET /batches pages over it |
+| `h3b:uploads:seen` | hash | multipart upload id → Unix time the garbage pass first saw it unfinished: uploads age by |
+| | | this service's clock, never the store's (worker/reaper.py) |
 | `h3b:metrics:jobs` | hash | counter per status: transitions into it (`queued` counts creations and requeues) |
 | `h3b:metrics:errors` | hash | counter per error code of jobs that failed |
 | `h3b:metrics:hist:{name}` | hash | histogram `stage`, `queue_wait` or `http`: per label set, the count in each bucket (not |
@@ -68,6 +70,7 @@ Written by core/jobs.py::transition in the MULTI that finishes a job; read by wo
 
 
 EXPIRY = f"{PREFIX}:expiry"
+UPLOADS_SEEN = f"{PREFIX}:uploads:seen"
 BATCHES_ACTIVE = f"{PREFIX}:batches:active"
 BATCHES_OPEN = f"{PREFIX}:batches:open"
 LANE_BATCH = f"{PREFIX}:lanes:batch"

@@ -25,7 +25,10 @@ under the `h3b:reconcile` lock; its first pass runs one heartbeat period after t
    rules run over the bucket: orphans are found by listing the store's prefix (job ids are the first path segment
    of every key) and looking each id's record up; a completed job also loses the objects of attempts its record
    does not name (uploaded, then superseded or crashed before `completed`), and multipart uploads abandoned for
-   longer than `upload_age_s` (a worker killed mid-upload) are aborted.
+   longer than `upload_age_s` (a worker killed mid-upload) are aborted. An upload's age is counted from the pass
+   that first saw it unfinished (`h3b:uploads:seen`), not from the store's `Initiated` time: that is another
+   machine's clock (moto's server even reports one fixed date in 2010, and aborted live uploads mid-flight), and
+   the upload of an attempt that holds its job's lease is never aborted, however old.
 
 Reading the broker's own structures (the `render` list and kombu's `unacked` hash) is what makes case 2 exact:
 Celery has no API that lists waiting messages of the Redis transport, so this module decodes kombu's message
@@ -216,12 +219,52 @@ def collect_garbage(r: redis.Redis, artifacts_dir: Path, *, orphan_age_s: float,
     if store is not None and store.kind != "local":
         _collect_store(r, store, report, expired_records, orphan_age_s=orphan_age_s, now=now,
                        expired_record_ttl_s=expired_record_ttl_s)
-        aborted = store.abort_stale_uploads(orphan_age_s if upload_age_s is None else upload_age_s, now=now)
+        aborted = _abort_abandoned_uploads(r, store, orphan_age_s if upload_age_s is None else upload_age_s,
+                                           now=now)
         report = replace(report, aborted_uploads=aborted)
         if report.removed_objects or report.pruned_objects or report.aborted_uploads:
             log.info("garbage: removed the objects of %d jobs, %d superseded objects, aborted %d uploads",
                      len(report.removed_objects), len(report.pruned_objects), report.aborted_uploads)
     return report
+
+
+def _abort_abandoned_uploads(r: redis.Redis, store: ArtifactStore, older_than_s: float, *, now: float) -> int:
+    """Abort the store's unfinished multipart uploads that this service has seen unfinished for `older_than_s` and
+    that no live attempt owns; returns how many were aborted. First sightings go to `h3b:uploads:seen` (HSETNX, so
+    every worker's pass shares one clock: Redis's record of this service's own); entries of uploads that ended are
+    dropped, once first seen before this pass began (a later pass may have seen an upload this listing missed)."""
+    uploads = store.incomplete_uploads()
+    with r.pipeline(transaction=False) as pipe:
+        for _, upload_id in uploads:
+            pipe.hsetnx(keys.UPLOADS_SEEN, upload_id, repr(now))
+        pipe.hgetall(keys.UPLOADS_SEEN)
+        seen = pipe.execute()[-1]
+    listed = {upload_id for _, upload_id in uploads}
+    ended = [upload_id for upload_id, first in seen.items() if upload_id not in listed and float(first) < now]
+    if ended:
+        r.hdel(keys.UPLOADS_SEEN, *ended)
+    aborted = 0
+    for key, upload_id in uploads:
+        if now - float(seen.get(upload_id, now)) < older_than_s or _upload_is_live(r, key):
+            continue
+        if store.abort_upload(key, upload_id):
+            aborted += 1
+        r.hdel(keys.UPLOADS_SEEN, upload_id)
+    return aborted
+
+
+def _upload_is_live(r: redis.Redis, key: str) -> bool:
+    """True when `key` is an attempt's upload (`<job>/attempt-<n>/...`) and that attempt holds its job: the record is
+    `in_progress` at attempt n and the lease exists. A worker whose lease lapsed is fenced at `completed` anyway."""
+    attempt = attempt_of(key)
+    if attempt is None:
+        return False
+    job_id = key.split("/", 1)[0]
+    with r.pipeline(transaction=False) as pipe:
+        pipe.hmget(keys.job(job_id), ["status", "attempt"])
+        pipe.exists(keys.lease(job_id))
+        (status, current), leased = pipe.execute()
+    return status == JobStatus.IN_PROGRESS.value and current == str(attempt) and bool(leased)
 
 
 def _collect_store(r: redis.Redis, store: ArtifactStore, report: GarbageReport, expired_records: set[str], *,

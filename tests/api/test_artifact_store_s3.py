@@ -342,6 +342,50 @@ def test_expiry_lazy_and_by_the_garbage_pass(s3, done_job, submitted):
     assert requests.get(f"{s3.stream.base}/jobs/{live['id']}/content", headers=AUTH, timeout=30).status_code == 200
 
 
+
+def test_the_garbage_pass_ages_uploads_by_its_own_clock_and_spares_a_live_attempt(s3):
+    """Two unfinished uploads the store says began in 2010 (moto reports one fixed `Initiated` date for every
+    upload): the one of an attempt holding its job's lease survives every pass, even at upload age 0; a stranger's
+    survives while this service has seen it unfinished for less than the age, and is aborted once it has. (Before,
+    the store's date decided: every pass aborted whatever was mid-upload, and the job was rendered twice.)"""
+    store, client, bucket = s3.store(), s3.moto.client(), s3.moto.bucket
+    live_id, stray_id = "job_" + "1" * 24, "job_" + "2" * 24
+    s3.r.hset(f"h3b:job:{live_id}", mapping={"status": "in_progress", "attempt": "3"})
+    s3.r.set(f"h3b:lease:{live_id}", "another-worker:3", px=300_000)
+    made = {}
+    try:
+        for job_id, attempt in ((live_id, 3), (stray_id, 1)):
+            key = f"jobs/{job_id}/attempt-{attempt}/video.mp4"
+            made[job_id] = (key, client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"])
+            client.upload_part(Bucket=bucket, Key=key, UploadId=made[job_id][1], PartNumber=1, Body=b"part")
+
+        def unfinished() -> set[str]:
+            return {up["UploadId"] for up in client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])}
+
+        ours = {upload_id for _, upload_id in made.values()}
+        assert {up["Initiated"].year for up in client.list_multipart_uploads(Bucket=bucket)["Uploads"]
+                if up["UploadId"] in ours} == {2010}
+        now = time.time()
+        reaper.collect_garbage(s3.r, s3.artifacts, orphan_age_s=10**9, store=store, upload_age_s=60, now=now)
+        assert ours <= unfinished()  # first seen now: neither is 60 s old by this service's clock
+        assert set(s3.r.hkeys("h3b:uploads:seen")) >= ours
+        report = reaper.collect_garbage(s3.r, s3.artifacts, orphan_age_s=10**9, store=store, upload_age_s=60,
+                                        now=now + 61)
+        assert report.aborted_uploads >= 1
+        assert made[live_id][1] in unfinished() and made[stray_id][1] not in unfinished()
+        reaper.collect_garbage(s3.r, s3.artifacts, orphan_age_s=10**9, store=store, upload_age_s=0, now=now + 62)
+        assert made[live_id][1] in unfinished()  # the lease holder's upload, however old
+        s3.r.delete(f"h3b:lease:{live_id}")  # its attempt lost the lease: the upload is abandoned
+        reaper.collect_garbage(s3.r, s3.artifacts, orphan_age_s=10**9, store=store, upload_age_s=0, now=now + 63)
+        assert made[live_id][1] not in unfinished()
+    finally:
+        for key, upload_id in made.values():
+            try:
+                client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+            except client.exceptions.NoSuchUpload:
+                pass
+        s3.r.delete(f"h3b:job:{live_id}", f"h3b:lease:{live_id}")
+
 def test_delete_removes_every_object_of_the_job(s3, submitted):
     job_id, _ = submitted
     requests.get(f"{s3.stream.base}/v1/videos/{job_id}/content?variant=thumbnail", headers=AUTH, timeout=60)
